@@ -1,0 +1,66 @@
+"""ament_python package definition; also a plain pip-installable package."""
+import os
+from glob import glob
+
+from setuptools import find_packages, setup
+
+package_name = 'vla_policy_node'
+
+# ROS 2 Kilted wheels from PyPI, for machines without an apt ROS install.
+# On a robot, ROS comes from apt/rosdep and this extra is not needed.
+ROS_WHEELS = [
+    'ros-rclpy',
+    'ros-std-msgs',
+    'ros-sensor-msgs',
+    'ros-trajectory-msgs',
+    'ros-diagnostic-msgs',
+    'ros-lifecycle-msgs',
+    'ros-rosgraph-msgs',
+    'ros-rmw-fastrtps-cpp',
+]
+
+setup(
+    name=package_name,
+    version='0.1.0',
+    packages=find_packages(exclude=['test', 'test.*', 'bench']),
+    data_files=[
+        ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
+        ('share/' + package_name, ['package.xml']),
+        (os.path.join('share', package_name, 'launch'), glob(os.path.join('launch', '*launch.[pxy][yma]*'))),
+        (os.path.join('share', package_name, 'config'), glob(os.path.join('config', '*.yaml'))),
+    ],
+    python_requires='>=3.10',
+    install_requires=[
+        'setuptools',
+        'numpy>=1.22',
+        # Never pinned exactly: on Jetson torch comes from the vendor's wheels.
+        'torch>=2.1',
+        'safetensors>=0.4',
+        'sentencepiece>=0.1.99',
+        'tokenizers>=0.15',
+        'xxhash>=3.0',
+        'pillow>=9.0',
+        'pyyaml>=5.4',
+        'rosbags>=0.10',
+        'matplotlib>=3.5',
+        'tqdm>=4.60',
+    ],
+    extras_require={
+        'ros': ROS_WHEELS,
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'transformers>=4.40'],
+    },
+    zip_safe=True,
+    maintainer='vla_policy_node developers',
+    maintainer_email='vla-policy-node@example.com',
+    description='pi0-family Vision-Language-Action policy as a ROS 2 node with an exact-match prefix K/V cache',
+    license='Apache-2.0',
+    entry_points={
+        'console_scripts': [
+            'vla_policy_node = vla_policy_node.ros.node:main',
+            'vla_policy_replay = vla_policy_node.replay.offline:main',
+            'vla_policy_play = vla_policy_node.replay.play:main',
+            'vla_policy_make_bag = vla_policy_node.replay.make_bag:main',
+            'vla_policy_make_checkpoint = vla_policy_node.policy.tiny_default:main',
+        ],
+    },
+)

@@ -1,0 +1,459 @@
+"""Tests for vla_policy_node.images: raw and compressed camera decoding."""
+
+import array
+import io
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vla_policy_node.images import (
+    SUPPORTED_ENCODINGS,
+    CompressedFrame,
+    ImageDecodeError,
+    RawImage,
+    decode_frame,
+    describe,
+    frame_buffer,
+    frame_from_msg,
+    to_unit_float,
+)
+
+HEIGHT, WIDTH = 4, 5
+
+
+def reference_rgb() -> np.ndarray:
+    """A small RGB image whose channels all differ, so swaps are visible."""
+    rng = np.random.default_rng(7)
+    return rng.integers(0, 256, size=(HEIGHT, WIDTH, 3), dtype=np.uint8)
+
+
+def reference_alpha() -> np.ndarray:
+    return np.full((HEIGHT, WIDTH, 1), 99, dtype=np.uint8)
+
+
+def raw(pixels: np.ndarray, encoding: str, step=None, big_endian=False, data=None) -> RawImage:
+    """Pack an [H, W, C] array into a RawImage the way a driver would."""
+    height, width = pixels.shape[:2]
+    row_bytes = pixels[0].size * pixels.dtype.itemsize
+    step = row_bytes if step is None else step
+    if data is None:
+        order = ">" if big_endian else "<"
+        stored = pixels.astype(pixels.dtype.newbyteorder(order))
+        rows = stored.reshape(height, row_bytes // stored.dtype.itemsize).view(np.uint8)
+        padded = np.full((height, step), 0xAB, dtype=np.uint8)  # garbage padding
+        padded[:, :row_bytes] = rows
+        data = padded.tobytes()
+    return RawImage(height, width, encoding, step, big_endian, data)
+
+
+def encoded(pixels: np.ndarray, pil_format: str) -> bytes:
+    """Compress [H, W, C] pixels with Pillow, as image_transport would."""
+    if pixels.ndim == 3 and pixels.shape[2] == 1:
+        pixels = pixels[:, :, 0]  # Pillow wants grey as [H, W]
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=pil_format)
+    return out.getvalue()
+
+
+# --------------------------------------------------------------------------
+# Raw encodings
+# --------------------------------------------------------------------------
+
+
+def stored_pixels_for(encoding: str, rgb: np.ndarray) -> np.ndarray:
+    alpha = reference_alpha()
+    bgr = rgb[:, :, ::-1]
+    return {
+        "rgb8": rgb,
+        "bgr8": bgr,
+        "rgba8": np.concatenate([rgb, alpha], axis=2),
+        "bgra8": np.concatenate([bgr, alpha], axis=2),
+    }[encoding]
+
+
+@pytest.mark.parametrize("encoding", ["rgb8", "bgr8", "rgba8", "bgra8"])
+@pytest.mark.parametrize("padding", [0, 13])
+def test_colour_encodings_decode_to_rgb(encoding, padding):
+    rgb = reference_rgb()
+    stored = stored_pixels_for(encoding, rgb)
+    frame = raw(stored, encoding, step=WIDTH * stored.shape[2] + padding)
+
+    decoded = decode_frame(frame)
+
+    assert decoded.shape == (HEIGHT, WIDTH, 3)
+    assert decoded.dtype == np.uint8
+    np.testing.assert_array_equal(decoded, rgb)
+
+
+@pytest.mark.parametrize(
+    "encoding, dtype",
+    [("mono8", np.uint8), ("8UC1", np.uint8), ("mono16", np.uint16),
+     ("16UC1", np.uint16), ("32FC1", np.float32)],
+)
+@pytest.mark.parametrize("padding_items", [0, 3])
+def test_single_channel_encodings_decode_to_grey(encoding, dtype, padding_items):
+    rng = np.random.default_rng(3)
+    grey = (rng.random((HEIGHT, WIDTH, 1)) * 1000).astype(dtype)
+    itemsize = np.dtype(dtype).itemsize
+    frame = raw(grey, encoding, step=(WIDTH + padding_items) * itemsize)
+
+    decoded = decode_frame(frame)
+
+    assert decoded.shape == (HEIGHT, WIDTH, 1)
+    assert decoded.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(decoded, grey)
+
+
+@pytest.mark.parametrize(
+    "encoding, values",
+    [
+        ("mono16", np.array([[[1], [258], [65535]]], dtype=np.uint16)),
+        ("16UC1", np.array([[[0], [4096], [513]]], dtype=np.uint16)),
+        ("32FC1", np.array([[[1.5], [-2.25], [1e6]]], dtype=np.float32)),
+    ],
+)
+def test_big_endian_samples_are_byteswapped(encoding, values):
+    frame = raw(values, encoding, big_endian=True)
+    assert sys.byteorder == "little", "test assumes a little-endian host"
+
+    decoded = decode_frame(frame)
+
+    assert decoded.dtype.isnative
+    np.testing.assert_array_equal(decoded, values)
+    assert not np.shares_memory(decoded, np.frombuffer(frame.data, np.uint8))
+
+
+def test_big_endian_flag_is_ignored_for_8_bit_data():
+    rgb = reference_rgb()
+    np.testing.assert_array_equal(decode_frame(raw(rgb, "rgb8", big_endian=True)), rgb)
+
+
+def test_rgb8_decode_is_a_view_of_the_message_buffer():
+    rgb = reference_rgb()
+    padded = np.zeros((HEIGHT, WIDTH * 3 + 13), dtype=np.uint8)
+    padded[:, :WIDTH * 3] = rgb.reshape(HEIGHT, -1)
+    source = padded.reshape(-1)
+    frame = RawImage(HEIGHT, WIDTH, "rgb8", WIDTH * 3 + 13, False, source)
+
+    decoded = decode_frame(frame)
+
+    assert np.shares_memory(decoded, source)
+    np.testing.assert_array_equal(decoded, rgb)
+
+
+@pytest.mark.parametrize("encoding", ["bgr8", "bgra8", "rgba8"])
+def test_reordered_encodings_are_views_too(encoding):
+    stored = stored_pixels_for(encoding, reference_rgb())
+    source = np.ascontiguousarray(stored).reshape(-1)
+    frame = RawImage(HEIGHT, WIDTH, encoding, WIDTH * stored.shape[2], False, source)
+    assert np.shares_memory(decode_frame(frame), source)
+
+
+def test_extra_bytes_after_last_row_are_ignored():
+    rgb = reference_rgb()
+    frame = raw(rgb, "rgb8")
+    longer = RawImage(HEIGHT, WIDTH, "rgb8", frame.step, False, frame.data + b"xyz")
+    np.testing.assert_array_equal(decode_frame(longer), rgb)
+
+
+@pytest.mark.parametrize(
+    "make_data",
+    [bytes, bytearray, memoryview, lambda b: array.array("B", b),
+     lambda b: np.frombuffer(b, dtype=np.uint8)],
+    ids=["bytes", "bytearray", "memoryview", "array", "ndarray"],
+)
+def test_any_byte_buffer_is_accepted(make_data):
+    rgb = reference_rgb()
+    frame = raw(rgb, "rgb8")
+    frame = RawImage(HEIGHT, WIDTH, "rgb8", frame.step, False, make_data(frame.data))
+    np.testing.assert_array_equal(decode_frame(frame), rgb)
+
+
+# --------------------------------------------------------------------------
+# Raw validation
+# --------------------------------------------------------------------------
+
+
+def test_truncated_data_names_expected_and_actual_byte_counts():
+    frame = raw(reference_rgb(), "rgb8", step=WIDTH * 3 + 1)
+    short = RawImage(HEIGHT, WIDTH, "rgb8", frame.step, False, frame.data[:-5])
+    expected = frame.step * HEIGHT
+
+    with pytest.raises(ImageDecodeError) as caught:
+        decode_frame(short)
+
+    message = str(caught.value)
+    assert f"expected {expected} bytes" in message
+    assert f"got {expected - 5}" in message
+
+
+def test_unknown_encoding_is_named():
+    frame = RawImage(HEIGHT, WIDTH, "yuv422_weird", WIDTH * 2, False, bytes(HEIGHT * WIDTH * 2))
+    with pytest.raises(ImageDecodeError, match="yuv422_weird"):
+        decode_frame(frame)
+
+
+@pytest.mark.parametrize("encoding", ["8UC3", "8UC4"])
+def test_generic_multichannel_encodings_are_rejected(encoding):
+    frame = RawImage(HEIGHT, WIDTH, encoding, WIDTH * 4, False, bytes(HEIGHT * WIDTH * 4))
+    with pytest.raises(ImageDecodeError, match=f"{encoding}.*channel order"):
+        decode_frame(frame)
+
+
+@pytest.mark.parametrize("height, width", [(0, 5), (4, 0), (-1, 5)])
+def test_empty_size_is_rejected(height, width):
+    frame = RawImage(height, width, "rgb8", max(width, 1) * 3, False, bytes(64))
+    with pytest.raises(ImageDecodeError, match="empty size"):
+        decode_frame(frame)
+
+
+def test_step_shorter_than_a_row_is_rejected():
+    frame = RawImage(HEIGHT, WIDTH, "rgb8", WIDTH * 3 - 1, False, bytes(1000))
+    with pytest.raises(ImageDecodeError, match="step 14 is smaller"):
+        decode_frame(frame)
+
+
+def test_step_not_multiple_of_sample_size_is_rejected():
+    frame = RawImage(HEIGHT, WIDTH, "mono16", WIDTH * 2 + 1, False, bytes(1000))
+    with pytest.raises(ImageDecodeError, match="not a multiple"):
+        decode_frame(frame)
+
+
+def test_decode_rejects_non_frames():
+    with pytest.raises(ImageDecodeError, match="RawImage or CompressedFrame"):
+        decode_frame("not a frame")
+
+
+# --------------------------------------------------------------------------
+# Compressed images
+# --------------------------------------------------------------------------
+
+
+def test_jpeg_colour_keeps_red_red():
+    red = np.zeros((16, 16, 3), dtype=np.uint8)
+    red[:, :, 0] = 255
+    frame = CompressedFrame("rgb8; jpeg compressed bgr8", encoded(red, "JPEG"))
+
+    decoded = decode_frame(frame)
+
+    assert decoded.shape == (16, 16, 3)
+    assert decoded.dtype == np.uint8
+    mean = decoded.reshape(-1, 3).mean(axis=0)
+    assert mean[0] > 240 and mean[1] < 15 and mean[2] < 15
+
+
+def test_jpeg_grey_decodes_to_one_channel():
+    grey = np.full((16, 16, 1), 128, dtype=np.uint8)
+    frame = CompressedFrame("mono8; jpeg compressed mono8", encoded(grey, "JPEG"))
+
+    decoded = decode_frame(frame)
+
+    assert decoded.shape == (16, 16, 1)
+    assert decoded.dtype == np.uint8
+    assert abs(float(decoded.mean()) - 128) < 3
+
+
+def test_png_rgb_is_exact():
+    rgb = reference_rgb()
+    frame = CompressedFrame("bgr8; png compressed bgr8", encoded(rgb, "PNG"))
+    np.testing.assert_array_equal(decode_frame(frame), rgb)
+
+
+def test_png_rgba_drops_alpha():
+    rgba = stored_pixels_for("rgba8", reference_rgb())
+    frame = CompressedFrame("png", encoded(np.ascontiguousarray(rgba), "PNG"))
+    np.testing.assert_array_equal(decode_frame(frame), reference_rgb())
+
+
+def test_png_palette_converts_to_rgb():
+    rgb = reference_rgb()
+    palette_image = Image.fromarray(rgb).quantize(colors=256)
+    out = io.BytesIO()
+    palette_image.save(out, format="PNG")
+    expected = np.asarray(palette_image.convert("RGB"))
+
+    decoded = decode_frame(CompressedFrame("png", out.getvalue()))
+
+    np.testing.assert_array_equal(decoded, expected)
+
+
+def test_png_16_bit_is_exact():
+    depth = np.array([[0, 1, 256], [4097, 40000, 65535]], dtype=np.uint16)
+    out = io.BytesIO()
+    Image.fromarray(depth).save(out, format="PNG")
+    frame = CompressedFrame("mono16; png compressed mono16", out.getvalue())
+
+    decoded = decode_frame(frame)
+
+    assert decoded.dtype == np.uint16
+    assert decoded.shape == (2, 3, 1)
+    np.testing.assert_array_equal(decoded[:, :, 0], depth)
+
+
+def test_compressed_depth_is_rejected_with_reason():
+    frame = CompressedFrame("16UC1; compressedDepth png", bytes(12) + encoded(reference_rgb(), "PNG"))
+    with pytest.raises(ImageDecodeError, match="compressedDepth.*12-byte"):
+        decode_frame(frame)
+
+
+def test_garbage_bytes_are_rejected_naming_the_format():
+    frame = CompressedFrame("jpeg", b"definitely not an image")
+    with pytest.raises(ImageDecodeError, match="'jpeg'"):
+        decode_frame(frame)
+
+
+def test_truncated_jpeg_is_rejected():
+    data = encoded(reference_rgb(), "JPEG")
+    with pytest.raises(ImageDecodeError, match="cannot decode"):
+        decode_frame(CompressedFrame("jpeg", data[: len(data) // 2]))
+
+
+def test_empty_compressed_data_is_rejected():
+    with pytest.raises(ImageDecodeError, match="no data"):
+        decode_frame(CompressedFrame("png", b""))
+
+
+# --------------------------------------------------------------------------
+# to_unit_float
+# --------------------------------------------------------------------------
+
+
+def test_to_unit_float_scales_integer_ranges():
+    eight = np.array([[[0, 255, 51]]], dtype=np.uint8)
+    sixteen = np.array([[[0, 65535, 13107]]], dtype=np.uint16)
+
+    for image in (eight, sixteen):
+        unit = to_unit_float(image)
+        assert unit.dtype == np.float32
+        np.testing.assert_allclose(unit, [[[0.0, 1.0, 0.2]]], atol=1e-6)
+
+
+def test_to_unit_float_clips_floats_and_zeroes_non_finite():
+    depth = np.array([[[-1.0], [0.25], [7.0], [np.nan], [np.inf], [-np.inf]]], dtype=np.float32)
+
+    unit = to_unit_float(depth)
+
+    assert unit.shape == (1, 6, 3)
+    np.testing.assert_array_equal(unit[0, :, 0], [0.0, 0.25, 1.0, 0.0, 0.0, 0.0])
+
+
+def test_to_unit_float_broadcasts_grey_to_three_writable_channels():
+    grey = np.array([[[0], [255]]], dtype=np.uint8)
+
+    unit = to_unit_float(grey)
+
+    assert unit.shape == (1, 2, 3)
+    np.testing.assert_array_equal(unit[0, 1], [1.0, 1.0, 1.0])
+    unit[0, 0, 0] = 0.5  # must be a real array, not a read-only broadcast
+    assert unit[0, 0, 1] == 0.0
+
+
+def test_to_unit_float_accepts_read_only_views_from_decode():
+    rgb = reference_rgb()
+    decoded = decode_frame(raw(rgb[:, :, ::-1].copy(), "bgr8"))
+    np.testing.assert_allclose(to_unit_float(decoded), rgb / 255.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, dtype", [((2, 2), np.uint8), ((2, 2, 4), np.uint8), ((2, 2, 3), np.int32)])
+def test_to_unit_float_rejects_non_canonical_arrays(shape, dtype):
+    with pytest.raises(ImageDecodeError):
+        to_unit_float(np.zeros(shape, dtype=dtype))
+
+
+# --------------------------------------------------------------------------
+# Messages and helpers
+# --------------------------------------------------------------------------
+
+
+def test_supported_encodings_lists_the_raw_encodings():
+    for encoding in ("rgb8", "bgr8", "rgba8", "bgra8", "mono8", "mono16", "16UC1", "32FC1"):
+        assert encoding in SUPPORTED_ENCODINGS
+    assert "8UC3" not in SUPPORTED_ENCODINGS
+
+
+def test_describe_raw_and_compressed():
+    assert describe(RawImage(480, 640, "rgb8", 1920, False, b"")) == "rgb8 640x480 step 1920"
+    assert describe(RawImage(2, 2, "mono16", 4, True, b"")) == "mono16 2x2 step 4 big-endian"
+    assert describe(CompressedFrame("jpeg", bytes(12345))) == "jpeg (12345 bytes)"
+
+
+def test_frame_from_msg_rejects_other_objects():
+    with pytest.raises(ImageDecodeError, match="missing attributes.*height"):
+        frame_from_msg(object())
+
+
+def test_frame_buffer_does_not_copy_numpy_data():
+    source = np.arange(10, dtype=np.uint8)
+    view = frame_buffer(CompressedFrame("png", source))
+    source[0] = 42
+    assert view[0] == 42
+
+
+def fill_image_msg(msg, rgb: np.ndarray, data):
+    msg.height, msg.width = rgb.shape[:2]
+    msg.encoding = "bgr8"
+    msg.is_bigendian = 0
+    msg.step = rgb.shape[1] * 3 + 7
+    msg.data = data
+    return msg
+
+
+def bgr8_padded_bytes(rgb: np.ndarray) -> bytes:
+    return raw(rgb[:, :, ::-1].copy(), "bgr8", step=rgb.shape[1] * 3 + 7).data
+
+
+def test_frame_from_rclpy_image_decodes_without_copying():
+    sensor_msgs = pytest.importorskip("sensor_msgs.msg")
+    rgb = reference_rgb()
+    msg = fill_image_msg(sensor_msgs.Image(), rgb, bgr8_padded_bytes(rgb))
+    assert isinstance(msg.data, array.array)
+
+    frame = frame_from_msg(msg)
+    buffer = frame_buffer(frame)
+
+    assert isinstance(frame, RawImage)
+    assert frame.data is msg.data
+    msg.data[0] ^= 0xFF  # a copy would not see this change
+    assert buffer[0] == msg.data[0]
+    msg.data[0] ^= 0xFF
+    np.testing.assert_array_equal(decode_frame(frame), rgb)
+
+
+def test_frame_from_rclpy_compressed_image():
+    sensor_msgs = pytest.importorskip("sensor_msgs.msg")
+    rgb = reference_rgb()
+    msg = sensor_msgs.CompressedImage()
+    msg.format = "rgb8; png compressed bgr8"
+    msg.data = encoded(rgb, "PNG")
+
+    frame = frame_from_msg(msg)
+
+    assert isinstance(frame, CompressedFrame)
+    assert describe(frame).startswith("rgb8; png compressed bgr8 (")
+    np.testing.assert_array_equal(decode_frame(frame), rgb)
+
+
+def test_rosbags_and_rclpy_messages_decode_to_the_same_pixels():
+    typesys = pytest.importorskip("rosbags.typesys")
+    store = typesys.get_typestore(typesys.Stores.ROS2_KILTED)
+    types = store.types
+    rgb = reference_rgb()
+    data = bgr8_padded_bytes(rgb)
+    header = types["std_msgs/msg/Header"](
+        stamp=types["builtin_interfaces/msg/Time"](sec=1, nanosec=2), frame_id="cam"
+    )
+    built = types["sensor_msgs/msg/Image"](
+        header=header, height=HEIGHT, width=WIDTH, encoding="bgr8", is_bigendian=0,
+        step=WIDTH * 3 + 7, data=np.frombuffer(data, dtype=np.uint8),
+    )
+    typename = "sensor_msgs/msg/Image"
+    from_bag = store.deserialize_cdr(store.serialize_cdr(built, typename), typename)
+
+    bag_pixels = decode_frame(frame_from_msg(from_bag))
+
+    np.testing.assert_array_equal(bag_pixels, rgb)
+    sensor_msgs = pytest.importorskip("sensor_msgs.msg")
+    rclpy_msg = fill_image_msg(sensor_msgs.Image(), rgb, data)
+    np.testing.assert_array_equal(decode_frame(frame_from_msg(rclpy_msg)), bag_pixels)

@@ -1,0 +1,48 @@
+"""The prefix context: per-layer K/V of one observation's prefix, read-only by contract."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrefixContext:
+    """K/V that the language model wrote for a prefix, plus which prefix tokens are real.
+
+    kv [L, 2, B, K, P, D]: layer, (key, value), batch, kv heads, prefix tokens, head dim;
+    keys already carry RoPE. pad_mask [B, P] bool: False for masked cameras and
+    padded text. Nothing writes to these tensors after ``fill_prefix`` returns:
+    the denoise loop copies them into its own buffer, so one context can serve
+    any number of chunks and be shared through the cache.
+    """
+
+    kv: torch.Tensor
+    pad_mask: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.kv.dim() != 6 or self.kv.shape[1] != 2:
+            raise ValueError(f'kv must be [L, 2, B, K, P, D], got {tuple(self.kv.shape)}')
+        if tuple(self.pad_mask.shape) != (self.kv.shape[2], self.kv.shape[4]):
+            raise ValueError(f'pad_mask {tuple(self.pad_mask.shape)} does not match kv {tuple(self.kv.shape)}')
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.kv.shape[2])
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.kv.shape[4])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kv.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held by this context (what the cache budget counts)."""
+        return self.kv.numel() * self.kv.element_size() + self.pad_mask.numel() * self.pad_mask.element_size()

@@ -1,0 +1,1 @@
+"""The model and nothing else: pure torch, no rclpy."""

@@ -1,0 +1,135 @@
+"""The two Gemma streams of pi0: the language model (prefix) and the action expert (suffix).
+
+Both streams share depth, heads and head dim, so layer i of the expert attends
+to the K/V that layer i of the language model wrote for the prefix. Weights are
+separate per stream. Module names mirror transformers' Gemma so checkpoint keys
+map one to one.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from .config import GemmaSize
+from .layers import AdaptiveRMSNorm, GemmaMLP, RMSNorm, apply_rope, grouped_query_attention
+
+
+class GemmaSelfAttention(nn.Module):
+    """Projections of one stream's joint attention (no biases)."""
+
+    def __init__(self, size: GemmaSize) -> None:
+        super().__init__()
+        self.num_heads = size.num_heads
+        self.num_kv_heads = size.num_kv_heads
+        self.head_dim = size.head_dim
+        self.q_proj = nn.Linear(size.width, size.num_heads * size.head_dim, bias=False)
+        self.k_proj = nn.Linear(size.width, size.num_kv_heads * size.head_dim, bias=False)
+        self.v_proj = nn.Linear(size.width, size.num_kv_heads * size.head_dim, bias=False)
+        self.o_proj = nn.Linear(size.num_heads * size.head_dim, size.width, bias=False)
+
+    def project_qkv(self, h: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h [B, S, W] -> q [B, H, S, D], k and v [B, K, S, D], RoPE applied to q and k."""
+        batch, seq, _ = h.shape
+        q = self.q_proj(h).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def project_out(self, attn: torch.Tensor) -> torch.Tensor:
+        """attn [B, H, S, D] -> [B, S, W]."""
+        batch, _, seq, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
+
+
+class GemmaDecoderLayer(nn.Module):
+    """Pre-norm decoder block; with ``cond_dim`` the norms are adaptive (pi0.5 expert)."""
+
+    def __init__(self, size: GemmaSize, eps: float, cond_dim: Optional[int] = None) -> None:
+        super().__init__()
+        self.adaptive = cond_dim is not None
+        norm = (lambda: AdaptiveRMSNorm(size.width, cond_dim, eps)) if self.adaptive else (lambda: RMSNorm(size.width, eps))
+        self.input_layernorm = norm()
+        self.self_attn = GemmaSelfAttention(size)
+        self.post_attention_layernorm = norm()
+        self.mlp = GemmaMLP(size.width, size.mlp_dim)
+
+    def norm(self, which: nn.Module, x: torch.Tensor,
+             cond: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Returns (normed x, residual gate or None)."""
+        if self.adaptive:
+            return which(x, cond)
+        return which(x), None
+
+
+def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor]) -> torch.Tensor:
+    """x + y, or x + y * gate under adaptive norms."""
+    return x + y if gate is None else x + y * gate
+
+
+class GemmaStack(nn.Module):
+    """Layers + final norm (+ token embedding for the language model)."""
+
+    def __init__(self, size: GemmaSize, eps: float, vocab_size: Optional[int] = None,
+                 cond_dim: Optional[int] = None) -> None:
+        super().__init__()
+        self.size = size
+        if vocab_size is not None:
+            self.embed_tokens = nn.Embedding(vocab_size, size.width)
+        self.layers = nn.ModuleList(GemmaDecoderLayer(size, eps, cond_dim) for _ in range(size.depth))
+        self.norm = AdaptiveRMSNorm(size.width, cond_dim, eps) if cond_dim is not None else RMSNorm(size.width, eps)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Gemma scales token embeddings by sqrt(width)."""
+        return self.embed_tokens(tokens) * math.sqrt(self.size.width)
+
+    def final_norm(self, x: torch.Tensor, cond: Optional[torch.Tensor]) -> torch.Tensor:
+        return self.norm(x, cond)[0] if cond is not None else self.norm(x)
+
+    def prefix_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        """Run the prefix through the stream and keep each layer's K/V.
+
+        x [B, P, W], mask additive [B, 1, P, P] -> kv [L, 2, B, K, P, D].
+        Only K/V leave this function: the last layer's attention output and MLP
+        feed nothing the suffix reads, so they are not computed.
+        """
+        size = self.size
+        batch, prefix_len, _ = x.shape
+        kv = x.new_empty(size.depth, 2, batch, size.num_kv_heads, prefix_len, size.head_dim)
+        for i, layer in enumerate(self.layers):
+            h, _ = layer.norm(layer.input_layernorm, x, None)
+            q, k, v = layer.self_attn.project_qkv(h, cos, sin)
+            kv[i, 0] = k
+            kv[i, 1] = v
+            if i == size.depth - 1:
+                break
+            attn = grouped_query_attention(q, k, v, mask)
+            x = x + layer.self_attn.project_out(attn)
+            h, _ = layer.norm(layer.post_attention_layernorm, x, None)
+            x = x + layer.mlp(h)
+        return kv
+
+    def suffix_forward(self, x: torch.Tensor, kv_workspace: torch.Tensor, prefix_len: int,
+                       cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                       cond: Optional[torch.Tensor]) -> torch.Tensor:
+        """Suffix tokens attend to [prefix ; suffix] through a preallocated K/V buffer.
+
+        x [B, S, W]; kv_workspace [L, 2, B, K, P+S, D] whose first P positions
+        hold the prefix K/V (written once per chunk, never here); mask additive
+        [B, 1, S, P+S]; cond [B, W] for adaptive norms. Returns the final-normed
+        hidden states [B, S, W].
+        """
+        for i, layer in enumerate(self.layers):
+            h, gate = layer.norm(layer.input_layernorm, x, cond)
+            q, k, v = layer.self_attn.project_qkv(h, cos, sin)
+            kv_workspace[i, 0, :, :, prefix_len:] = k
+            kv_workspace[i, 1, :, :, prefix_len:] = v
+            attn = grouped_query_attention(q, kv_workspace[i, 0], kv_workspace[i, 1], mask)
+            x = gated_residual(x, layer.self_attn.project_out(attn), gate)
+            h, gate = layer.norm(layer.post_attention_layernorm, x, cond)
+            x = gated_residual(x, layer.mlp(h), gate)
+        return self.final_norm(x, cond)

@@ -1,0 +1,245 @@
+"""pi0 and pi0.5: a PaliGemma prefix, an action expert suffix, flow matching.
+
+    prefix = [image tokens of every camera ; language tokens]   bidirectional
+    pi0    suffix = [state token ; action tokens (time fused into each)]
+    pi0.5  suffix = [action tokens], time enters through adaptive RMSNorm
+    actions: Euler from t=1 (noise) to t=0 in num_steps, x <- x + dt * v(x, t)
+
+Inference is split in two: ``fill_prefix`` runs the vision tower and the
+language model once and returns a read-only ``PrefixContext`` (per-layer
+K/V); ``denoise`` runs only the expert against it. A cached context can
+therefore be reused for any number of chunks.
+
+Module names mirror lerobot's ``PI0Pytorch``/``PI05Pytorch`` so that
+``model.safetensors`` keys (minus the leading ``model.``) load one to one.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache.context import PrefixContext
+from .config import PolicyConfig
+from .gemma import GemmaStack
+from .layers import additive_mask, rope_cos_sin, sincos_time_embedding
+from .siglip import SiglipVisionTower
+
+# Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
+# vision path, every norm (AdaRMS dense layers live inside the norms) and the
+# small projections outside the two Gemma stacks.
+FP32_MODULE_MARKERS = ('vision_tower', 'multi_modal_projector', 'input_layernorm', 'post_attention_layernorm',
+                       'model.norm', 'action_in_proj', 'action_out_proj', 'state_proj', 'time_mlp')
+
+
+class MultiModalProjector(nn.Module):
+    def __init__(self, vision_width: int, lm_width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(vision_width, lm_width)
+
+
+class PaliGemmaModel(nn.Module):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        self.vision_tower = SiglipVisionTower(config.vision, config.tokens_per_image, config.layer_norm_eps)
+        self.multi_modal_projector = MultiModalProjector(config.vision.width, config.language.width)
+        self.language_model = GemmaStack(config.language, config.rms_norm_eps, vocab_size=config.vocab_size)
+
+
+class PaliGemma(nn.Module):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        self.model = PaliGemmaModel(config)
+
+
+class GemmaExpert(nn.Module):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        cond_dim = config.expert.width if config.policy_type == 'pi05' else None
+        self.model = GemmaStack(config.expert, config.rms_norm_eps, cond_dim=cond_dim)
+
+
+class PaliGemmaWithExpert(nn.Module):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        self.paligemma = PaliGemma(config)
+        self.gemma_expert = GemmaExpert(config)
+
+
+class PiZeroModel(nn.Module):
+    """pi0 (``policy_type='pi0'``) or pi0.5 (``'pi05'``), inference only."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        self.config = config
+        width = config.expert.width
+        self.paligemma_with_expert = PaliGemmaWithExpert(config)
+        self.action_in_proj = nn.Linear(config.max_action_dim, width)
+        self.action_out_proj = nn.Linear(width, config.max_action_dim)
+        if config.policy_type == 'pi0':
+            self.state_proj = nn.Linear(config.max_state_dim, width)
+            self.action_time_mlp_in = nn.Linear(2 * width, width)
+            self.action_time_mlp_out = nn.Linear(width, width)
+        else:
+            self.time_mlp_in = nn.Linear(width, width)
+            self.time_mlp_out = nn.Linear(width, width)
+        self.compute_dtype = torch.float32
+        self._time_embeddings: Dict[Tuple[int, str], torch.Tensor] = {}
+
+    # ---- precision -------------------------------------------------------------
+    def set_compute_dtype(self, dtype: torch.dtype) -> 'PiZeroModel':
+        """Run the two Gemma stacks in ``dtype``; keep FP32_MODULE_MARKERS modules in fp32."""
+        self.compute_dtype = dtype
+        for name, param in self.named_parameters():
+            keep_fp32 = any(marker in name for marker in FP32_MODULE_MARKERS)
+            param.data = param.data.to(torch.float32 if keep_fp32 else dtype)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_in_proj.weight.device
+
+    @property
+    def _lm(self) -> GemmaStack:
+        return self.paligemma_with_expert.paligemma.model.language_model
+
+    @property
+    def _expert(self) -> GemmaStack:
+        return self.paligemma_with_expert.gemma_expert.model
+
+    # ---- prefix ------------------------------------------------------------------
+    def embed_images(self, images: torch.Tensor) -> torch.Tensor:
+        """images [B, N, 3, H, W] in [-1, 1] -> image tokens [B, N*P_img, W_lm] (unscaled projector output)."""
+        batch, cameras = images.shape[:2]
+        paligemma = self.paligemma_with_expert.paligemma.model
+        tokens = paligemma.vision_tower(images.flatten(0, 1).float(), torch.float32)   # [B*N, P_img, W_vis]
+        projected = paligemma.multi_modal_projector.linear(tokens)                      # [B*N, P_img, W_lm]
+        return projected.reshape(batch, cameras * projected.shape[1], -1).to(self.compute_dtype)
+
+    @torch.no_grad()
+    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                    token_masks: torch.Tensor) -> PrefixContext:
+        """Vision tower + language model over the prefix -> read-only K/V context.
+
+        images [B, N, 3, H, W] in [-1, 1]; image_masks [B, N] bool; tokens [B, L] int; token_masks [B, L] bool.
+        """
+        cfg = self.config
+        self._check_prefix_inputs(images, image_masks, tokens, token_masks)
+        image_tokens = self.embed_images(images)                                       # [B, N*P_img, W]
+        text_tokens = self._lm.embed(tokens).to(self.compute_dtype)                    # [B, L, W]
+        x = torch.cat([image_tokens, text_tokens], dim=1)                              # [B, P, W]
+        image_pad = image_masks[:, :, None].expand(-1, -1, cfg.tokens_per_image).reshape(images.shape[0], -1)
+        pad = torch.cat([image_pad, token_masks.bool()], dim=1)                        # [B, P]
+        positions = pad.long().cumsum(dim=1) - 1
+        cos, sin = rope_cos_sin(positions, cfg.language.head_dim, cfg.rope_theta)
+        # Every prefix token has ar=0: valid tokens all see each other.
+        allowed = (pad[:, None, :] & pad[:, :, None])[:, None]                         # [B, 1, P, P]
+        kv = self._lm.prefix_kv(x, cos, sin, additive_mask(allowed, self.compute_dtype))
+        return PrefixContext(kv=kv, pad_mask=pad)
+
+    def _check_prefix_inputs(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                             token_masks: torch.Tensor) -> None:
+        cfg = self.config
+        cameras = len(cfg.all_camera_names)
+        height, width = cfg.image_resolution
+        if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
+            raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
+        if tuple(image_masks.shape) != (images.shape[0], cameras):
+            raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
+        if tokens.shape != token_masks.shape or tokens.shape[1] != cfg.tokenizer_max_length:
+            raise ValueError(f'tokens and token_masks must be [B, {cfg.tokenizer_max_length}], '
+                             f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
+
+    # ---- suffix --------------------------------------------------------------------
+    def time_embeddings(self, num_steps: int) -> torch.Tensor:
+        """Sinusoidal embeddings of t_k = 1 + k*dt for k < num_steps -> [num_steps, W] fp32, cached per device."""
+        key = (num_steps, str(self.device))
+        if key not in self._time_embeddings:
+            dt = -1.0 / num_steps
+            t = torch.tensor([1.0 + k * dt for k in range(num_steps)], dtype=torch.float32)
+            emb = sincos_time_embedding(t, self.config.expert.width, self.config.min_period, self.config.max_period)
+            self._time_embeddings[key] = emb.to(torch.float32).to(self.device)
+        return self._time_embeddings[key]
+
+    def _suffix_layout(self, context: PrefixContext) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions (as RoPE tables) and the additive mask of the suffix, fixed for a whole chunk.
+
+        Returns cos, sin [B, 1, S, D] and mask [B, 1, S, P+S].
+        """
+        cfg = self.config
+        batch, prefix_len = context.pad_mask.shape
+        suffix_len = cfg.suffix_len
+        device = context.pad_mask.device
+        # Autoregressive-block flags: pi0 [state=1, a0=1, a1..=0]; pi0.5 [a0=1, a1..=0].
+        ar = torch.zeros(suffix_len, dtype=torch.long, device=device)
+        ar[0] = 1
+        if cfg.policy_type == 'pi0':
+            ar[1] = 1
+        block = ar.cumsum(0)
+        suffix_allowed = block[None, :] <= block[:, None]                               # [S, S]
+        prefix_allowed = context.pad_mask[:, None, :].expand(batch, suffix_len, prefix_len)
+        allowed = torch.cat([prefix_allowed, suffix_allowed.expand(batch, -1, -1)], dim=2)[:, None]
+        positions = context.pad_mask.long().sum(dim=1, keepdim=True) + torch.arange(suffix_len, device=device)
+        cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta)
+        return cos, sin, additive_mask(allowed, self.compute_dtype)
+
+    def _embed_suffix(self, x_t: torch.Tensor, time_emb: torch.Tensor,
+                      state_token: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x_t [B, H, A]; time_emb [W] -> suffix tokens [B, S, W] and the adaptive-norm condition [B, W] or None."""
+        batch, horizon, _ = x_t.shape
+        action_tokens = self.action_in_proj(x_t)                                        # [B, H, W]
+        time_emb = time_emb[None].expand(batch, -1)                                     # [B, W]
+        if self.config.policy_type == 'pi0':
+            fused = torch.cat([action_tokens, time_emb[:, None].expand(-1, horizon, -1)], dim=-1)
+            action_tokens = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(fused)))
+            return torch.cat([state_token, action_tokens], dim=1).to(self.compute_dtype), None
+        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))
+        return action_tokens.to(self.compute_dtype), cond
+
+    @torch.no_grad()
+    def denoise(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
+                num_steps: Optional[int] = None) -> torch.Tensor:
+        """Flow-matching Euler integration against a read-only prefix.
+
+        state [B, max_state_dim] (normalised; pi0 only, ignored by pi0.5); noise [B, H, max_action_dim].
+        Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
+        """
+        cfg = self.config
+        num_steps = int(num_steps or cfg.num_inference_steps)
+        if num_steps < 1:
+            raise ValueError(f'num_steps must be >= 1, got {num_steps}')
+        expected = (context.batch_size, cfg.chunk_size, cfg.max_action_dim)
+        if tuple(noise.shape) != expected:
+            raise ValueError(f'noise must be {list(expected)}, got {list(noise.shape)}')
+        prefix_len = context.prefix_len
+        cos, sin, mask = self._suffix_layout(context)
+        # The prefix K/V is copied once per chunk into a [P + S] buffer; each step
+        # writes only the suffix part, so the stored context is never touched.
+        workspace = context.kv.new_empty(*context.kv.shape[:4], prefix_len + cfg.suffix_len, context.kv.shape[-1])
+        workspace[..., :prefix_len, :] = context.kv
+        state_token = None
+        if cfg.policy_type == 'pi0':
+            if state is None:
+                raise ValueError('pi0 needs the normalised state')
+            state_token = self.state_proj(state.float())[:, None]                       # [B, 1, W]
+        time_embs = self.time_embeddings(num_steps)
+        dt = -1.0 / num_steps
+        x_t = noise.float()
+        for step in range(num_steps):
+            suffix, cond = self._embed_suffix(x_t, time_embs[step], state_token)
+            hidden = self._expert.suffix_forward(suffix, workspace, prefix_len, cos, sin, mask, cond)
+            velocity = self.action_out_proj(hidden[:, -cfg.chunk_size:].float())         # [B, H, A]
+            x_t = x_t + dt * velocity
+        return x_t
+
+    def sample_actions(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                       token_masks: torch.Tensor, state: Optional[torch.Tensor], noise: Optional[torch.Tensor] = None,
+                       num_steps: Optional[int] = None) -> torch.Tensor:
+        """Reference-shaped call: prefix then denoise. Returns normalised actions [B, H, max_action_dim]."""
+        context = self.fill_prefix(images, image_masks, tokens, token_masks)
+        if noise is None:
+            noise = torch.randn(images.shape[0], self.config.chunk_size, self.config.max_action_dim,
+                                device=self.device)
+        return self.denoise(context, state, noise, num_steps)

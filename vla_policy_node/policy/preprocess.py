@@ -1,0 +1,58 @@
+"""Camera images -> model input: resize-with-pad to the model resolution, scale to [-1, 1].
+
+Follows lerobot's pi0 preprocessing: aspect-preserving bilinear resize
+(align_corners=False, no antialias) in [0, 1], centred zero padding, then
+x * 2 - 1, so the padding ends up at -1. A missing camera is an all -1 image
+with its mask off.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+_UNIT_SCALE = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}
+
+
+def image_to_unit_tensor(image: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Canonical decoded image [H, W, 3|1] (uint8, uint16 or float32) -> [3, H, W] fp32 in [0, 1] on ``device``.
+
+    The integer-to-float conversion runs on the device, so only the raw bytes cross the bus.
+    """
+    if image.ndim != 3 or image.shape[2] not in (1, 3):
+        raise ValueError(f'expected an [H, W, 3] or [H, W, 1] image, got shape {image.shape}')
+    dtype = image.dtype.newbyteorder('=')
+    # torch cannot wrap a read-only or negatively strided view (bgr8 is one): one host copy.
+    pixels = torch.from_numpy(np.array(image, dtype=dtype, order='C', copy=True)).to(device, non_blocking=True)
+    if dtype == np.uint16:
+        pixels = pixels.to(torch.int32)  # uint16 arithmetic is not supported on every device
+    scale = _UNIT_SCALE.get(dtype)
+    unit = pixels.float() / scale if scale else torch.nan_to_num(pixels.float(), nan=0.0, posinf=0.0, neginf=0.0)
+    unit = unit.clamp(0.0, 1.0).permute(2, 0, 1)                                          # [C, H, W]
+    return unit.expand(3, -1, -1) if unit.shape[0] == 1 else unit
+
+
+def resize_with_pad(image: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    """[C, H, W] in [0, 1] -> [C, h, w]: fit inside (h, w) keeping aspect, pad the rest with 0, centred."""
+    target_h, target_w = size
+    _, height, width = image.shape
+    if (height, width) == (target_h, target_w):
+        return image
+    ratio = max(width / target_w, height / target_h)
+    resized_h, resized_w = int(height / ratio), int(width / ratio)
+    resized = F.interpolate(image[None], size=(resized_h, resized_w), mode='bilinear', align_corners=False)[0]
+    resized = resized.clamp(0.0, 1.0)
+    top = (target_h - resized_h) // 2
+    left = (target_w - resized_w) // 2
+    return F.pad(resized, (left, target_w - resized_w - left, top, target_h - resized_h - top), value=0.0)
+
+
+def to_model_range(unit: torch.Tensor) -> torch.Tensor:
+    return unit * 2.0 - 1.0
+
+
+def empty_camera_image(size: Tuple[int, int], device: torch.device) -> torch.Tensor:
+    """The image a masked camera slot gets: all -1 (black in model range)."""
+    return torch.full((3, size[0], size[1]), -1.0, device=device)

@@ -1,0 +1,70 @@
+"""The embedded default: a tiny pi0 with seeded random weights, written as a real checkpoint.
+
+Tests and the demo load it through the same code as a real lerobot folder.
+Its actions are meaningless (random weights); only the plumbing is real.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .checkpoint import save_checkpoint
+from .config import PolicyConfig, preset
+from .pi0 import PiZeroModel
+from .tokenizer import build_test_tokenizer
+
+DEFAULT_SEED = 0
+# Joint-space statistics of a plausible 6-joint arm (radians): actions stay within ~±1 rad.
+ACTION_STD = 0.2
+STATE_STD = 0.5
+
+
+def random_model(config: PolicyConfig, seed: int = DEFAULT_SEED) -> PiZeroModel:
+    """torch's default initialisation under a fixed seed: same seed, same weights, on any machine."""
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        return PiZeroModel(config).eval()
+    finally:
+        torch.random.set_rng_state(generator_state)
+
+
+def statistics(dim: int, std: float) -> dict:
+    """Every statistic lerobot keeps, so MEAN_STD and QUANTILES configs both load."""
+    zeros = np.zeros(dim, dtype=np.float32)
+    spread = np.full(dim, std, dtype=np.float32)
+    return {'mean': zeros, 'std': spread, 'min': zeros - 3 * spread, 'max': zeros + 3 * spread,
+            'q01': zeros - 2.33 * spread, 'q99': zeros + 2.33 * spread}
+
+
+def write_random_checkpoint(folder: Path, config: PolicyConfig, seed: int = DEFAULT_SEED) -> Path:
+    """A lerobot pretrained_model/ folder with seeded random weights and a small trained tokenizer."""
+    model = random_model(config, seed)
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer_file = build_test_tokenizer(Path(scratch), vocab_size=min(config.vocab_size, 512))
+        return save_checkpoint(Path(folder), model, statistics(config.state_dim, STATE_STD),
+                               statistics(config.action_dim, ACTION_STD), tokenizer_file=tokenizer_file)
+
+
+def write_tiny_default(folder: Path, policy_type: str = 'pi0', seed: int = DEFAULT_SEED) -> Path:
+    return write_random_checkpoint(folder, preset('tiny', policy_type=policy_type), seed)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description='Write the tiny random-weight checkpoint (lerobot layout).')
+    parser.add_argument('output', type=Path, help='folder to create (pretrained_model layout)')
+    parser.add_argument('--type', choices=('pi0', 'pi05'), default='pi0')
+    parser.add_argument('--seed', type=int, default=DEFAULT_SEED)
+    args = parser.parse_args(argv)
+    folder = write_tiny_default(args.output, args.type, args.seed)
+    print(f'wrote a tiny {args.type} checkpoint with RANDOM weights (seed {args.seed}) to {folder}')
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

@@ -1,0 +1,337 @@
+"""PolicyRuntime: observation in, ActionChunk out. Owns device, dtype, model, cache and timings.
+
+No rclpy here: the same runtime serves the ROS node, the replay tool, the
+benchmarks and tests.
+
+    validate -> tokenize -> key (raw bytes) -> cache hit?  --yes--> denoise
+                                                   | no
+                          decode + resize + scale -> fill_prefix -> cache.put -> denoise
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from .cache import PrefixCache, PrefixContext, PrefixKeyBuilder
+from .cache.key import weights_digest
+from .images import CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame
+from .policy.checkpoint import load_checkpoint
+from .policy.config import PolicyConfig
+from .policy.normalize import FeatureNormalizer
+from .policy.pi0 import PiZeroModel
+from .policy.preprocess import empty_camera_image, image_to_unit_tensor, resize_with_pad, to_model_range
+from .policy.tokenizer import PromptTokenizer, TokenizerError
+
+LOG = logging.getLogger(__name__)
+
+CameraInput = Union[RawImage, CompressedFrame, np.ndarray, None]
+STAGES = ('hash', 'preprocess', 'prefix', 'denoise')
+DEFAULT_CACHE_BYTES = 1 << 30
+DEFAULT_CACHE_ENTRIES = 16
+# Instructions are free text from a topic; beyond this they are refused, not tokenised.
+MAX_INSTRUCTION_CHARS = 2000
+
+
+class ObservationError(ValueError):
+    """An observation the runtime refuses; ``field`` names the offending input."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f'{field_name}: {message}')
+        self.field = field_name
+
+
+@dataclass
+class Observation:
+    """One control tick's inputs.
+
+    images: camera name -> RawImage / CompressedFrame (ROS message fields, undecoded),
+      an RGB uint8 array [H, W, 3], or None for a camera that is absent (masked).
+      Cameras the model knows but the dict lacks are masked too.
+    state: the robot state vector [state_dim], unnormalised (joint positions ...).
+    instruction: the task text; None or '' falls back to the runtime's default.
+    """
+
+    images: Mapping[str, CameraInput]
+    state: np.ndarray
+    instruction: Optional[str] = None
+
+
+@dataclass
+class ActionChunk:
+    """Unnormalised actions [horizon, action_dim] and how they were made."""
+
+    actions: np.ndarray
+    cache_hit: bool
+    timings_ms: Dict[str, float]
+    key: Optional[str]
+    num_steps: int
+    camera_slots: Tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.timings_ms.get(stage, 0.0) for stage in STAGES)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device in ('', 'auto'):
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    resolved = torch.device(device)
+    if resolved.type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f'device {device!r} requested but CUDA is not available')
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto': bf16 on CUDA, fp32 elsewhere."""
+    names = {'float32': torch.float32, 'fp32': torch.float32, 'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16,
+             'float16': torch.float16, 'fp16': torch.float16}
+    if dtype in ('', 'auto'):
+        return torch.bfloat16 if device.type == 'cuda' else torch.float32
+    try:
+        return names[dtype]
+    except KeyError:
+        raise ValueError(f'unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16') from None
+
+
+class _StageTimer:
+    """Wall-clock per stage; synchronises CUDA at stage boundaries so kernels are charged to their stage."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = device.type == 'cuda'
+        self.ms: Dict[str, float] = {stage: 0.0 for stage in STAGES}
+        self._stage: Optional[str] = None
+        self._start = 0.0
+
+    def start(self, stage: str) -> None:
+        self.stop()
+        self._stage, self._start = stage, time.perf_counter()
+
+    def stop(self) -> None:
+        if self._stage is None:
+            return
+        if self._sync:
+            torch.cuda.synchronize()
+        self.ms[self._stage] += (time.perf_counter() - self._start) * 1e3
+        self._stage = None
+
+
+class PolicyRuntime:
+    """A loaded policy with its prefix cache. ``infer`` is safe to call from one thread at a time."""
+
+    def __init__(self, model: PiZeroModel, tokenizer: PromptTokenizer, state_normalizer: FeatureNormalizer,
+                 action_normalizer: FeatureNormalizer, model_revision: str, *,
+                 cache_max_bytes: int = DEFAULT_CACHE_BYTES, cache_max_entries: int = DEFAULT_CACHE_ENTRIES,
+                 cache_enabled: bool = True, default_instruction: str = '',
+                 num_steps: Optional[int] = None) -> None:
+        self.model = model
+        self.config: PolicyConfig = model.config
+        self.device = model.device
+        self.dtype = model.compute_dtype
+        self.tokenizer = tokenizer
+        self.state_normalizer = state_normalizer
+        self.action_normalizer = action_normalizer
+        self.model_revision = model_revision
+        self.cache = PrefixCache(cache_max_bytes, cache_max_entries)
+        self.cache_enabled = cache_enabled
+        self.default_instruction = default_instruction
+        self.num_steps = int(num_steps or self.config.num_inference_steps)
+        self._keys = PrefixKeyBuilder(model_revision, tokenizer.identity, str(self.dtype).replace('torch.', ''))
+        self._lock = threading.Lock()
+        self._warned_oversize = False
+
+    # ---- construction --------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: Union[str, Path], device: str = 'auto', dtype: str = 'auto',
+                        tokenizer_path: Optional[Union[str, Path]] = None, **options) -> 'PolicyRuntime':
+        """Load a lerobot ``pretrained_model/`` folder. ``options`` go to the constructor."""
+        torch_device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, torch_device)
+        loaded = load_checkpoint(Path(path), torch_device, torch_dtype)
+        tokenizer_file = Path(tokenizer_path) if tokenizer_path else loaded.tokenizer_path
+        if tokenizer_file is None:
+            raise TokenizerError(f'{path} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
+                                 'tokenizer.model (see README "Getting a real checkpoint")')
+        tokenizer = PromptTokenizer.from_path(tokenizer_file)
+        if tokenizer.vocab_size > loaded.config.vocab_size:
+            raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
+                                 f'model embedding ({loaded.config.vocab_size})')
+        return cls(loaded.model, tokenizer, loaded.state_normalizer, loaded.action_normalizer,
+                   weights_digest(str(loaded.weights_path)), **options)
+
+    # ---- validation ----------------------------------------------------------------------
+    def _camera_slots(self, images: Mapping[str, CameraInput]) -> List[Tuple[str, CameraInput]]:
+        """Model slots as lerobot orders them: present cameras (config order), then the masked ones."""
+        known = self.config.all_camera_names
+        unknown = sorted(set(images) - set(known))
+        if unknown:
+            raise ObservationError('images', f'unknown camera(s) {unknown}; the model knows {list(known)}')
+        present, absent = [], []
+        for name in known:
+            frame = images.get(name)
+            if frame is None:
+                absent.append((name, None))
+                continue
+            if isinstance(frame, np.ndarray):
+                if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8 or 0 in frame.shape:
+                    raise ObservationError(f'images.{name}', f'arrays must be RGB uint8 [H, W, 3], got '
+                                           f'{frame.dtype} {list(frame.shape)}')
+            else:
+                try:
+                    check_frame(frame)
+                except ImageDecodeError as exc:
+                    raise ObservationError(f'images.{name}', str(exc)) from exc
+            present.append((name, frame))
+        if not present:
+            raise ObservationError('images', 'no camera image at all; at least one is needed')
+        return present + absent
+
+    def _normalized_state(self, state: np.ndarray) -> np.ndarray:
+        """Unnormalised [state_dim] -> normalised, zero-padded [max_state_dim] fp32."""
+        cfg = self.config
+        state = np.asarray(state, dtype=np.float64)
+        if state.shape != (cfg.state_dim,):
+            raise ObservationError('state', f'expected shape [{cfg.state_dim}], got {list(state.shape)}')
+        if not np.all(np.isfinite(state)):
+            bad = [int(i) for i in np.flatnonzero(~np.isfinite(state))]
+            raise ObservationError('state', f'non-finite value(s) at index {bad}')
+        padded = np.zeros(cfg.max_state_dim, dtype=np.float32)
+        padded[:cfg.state_dim] = self.state_normalizer.normalize(state)
+        return padded
+
+    def _instruction(self, instruction: Optional[str]) -> str:
+        text = instruction if instruction and instruction.strip() else self.default_instruction
+        if not text or not text.strip():
+            raise ObservationError('instruction', 'empty, and no default instruction is configured')
+        if len(text) > MAX_INSTRUCTION_CHARS:
+            raise ObservationError('instruction', f'{len(text)} characters, more than {MAX_INSTRUCTION_CHARS}')
+        return text
+
+    def _tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        cfg = self.config
+        if cfg.policy_type == 'pi0':
+            return self.tokenizer.encode_pi0(instruction, cfg.tokenizer_max_length)
+        return self.tokenizer.encode_pi05(instruction, normalized_state, cfg.tokenizer_max_length)
+
+    def _noise(self, noise: Optional[np.ndarray], seed: Optional[int]) -> torch.Tensor:
+        shape = (1, self.config.chunk_size, self.config.max_action_dim)
+        if noise is not None:
+            array = np.asarray(noise, dtype=np.float32)
+            if array.size != math.prod(shape):
+                raise ObservationError('noise', f'expected {list(shape[1:])} values, got shape {list(array.shape)}')
+            return torch.from_numpy(array.reshape(shape).copy()).to(self.device)
+        # Drawn on the CPU so a seed gives the same noise on every device.
+        generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+        return torch.randn(shape, generator=generator).to(self.device)
+
+    # ---- inference -------------------------------------------------------------------------
+    def prefix_key(self, observation: Observation) -> str:
+        """The cache key this observation would use (validates it like ``infer``)."""
+        slots = self._camera_slots(observation.images)
+        state = self._normalized_state(observation.state)
+        tokens, mask = self._tokens(self._instruction(observation.instruction), state)
+        return self._keys.key(slots, tokens, mask)
+
+    def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
+              seed: Optional[int] = None, num_steps: Optional[int] = None) -> ActionChunk:
+        """One action chunk. Bad input raises ObservationError before the cache is touched."""
+        with self._lock:
+            return self._infer_locked(observation, noise, seed, num_steps)
+
+    def _infer_locked(self, observation: Observation, noise: Optional[np.ndarray], seed: Optional[int],
+                      num_steps: Optional[int]) -> ActionChunk:
+        cfg = self.config
+        timer = _StageTimer(self.device)
+        timer.start('hash')
+        slots = self._camera_slots(observation.images)
+        state = self._normalized_state(observation.state)
+        tokens, token_mask = self._tokens(self._instruction(observation.instruction), state)
+        steps = int(num_steps or self.num_steps)
+        if steps < 1:
+            raise ObservationError('num_steps', f'must be >= 1, got {steps}')
+        noise_tensor = self._noise(noise, seed)
+        use_cache = self.cache_enabled
+        key = self._keys.key(slots, tokens, token_mask) if use_cache else None
+        context = self.cache.get(key) if use_cache else None
+        timer.stop()
+        hit = context is not None
+        if context is None:
+            timer.start('preprocess')
+            images, image_masks = self._preprocess(slots)
+            tokens_t = torch.from_numpy(tokens)[None].to(self.device)
+            mask_t = torch.from_numpy(token_mask)[None].to(self.device)
+            timer.start('prefix')
+            context = self.model.fill_prefix(images, image_masks, tokens_t, mask_t)
+            timer.stop()
+            if use_cache:
+                self._store(key, context)
+        timer.start('denoise')
+        state_t = torch.from_numpy(state)[None].to(self.device)
+        normalized = self.model.denoise(context, state_t, noise_tensor, steps)       # [1, H, max_action_dim]
+        actions = normalized[0, :, :cfg.action_dim].float().cpu().numpy()
+        timer.stop()
+        return ActionChunk(actions=self.action_normalizer.unnormalize(actions), cache_hit=hit,
+                           timings_ms=dict(timer.ms), key=key, num_steps=steps,
+                           camera_slots=tuple(name for name, _ in slots))
+
+    def _preprocess(self, slots: Sequence[Tuple[str, CameraInput]]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Decode, resize-with-pad and scale every slot -> images [1, N, 3, H, W], masks [1, N]."""
+        size = self.config.image_resolution
+        images, masks = [], []
+        for name, frame in slots:
+            if frame is None:
+                images.append(empty_camera_image(size, self.device))
+                masks.append(False)
+                continue
+            try:
+                pixels = frame if isinstance(frame, np.ndarray) else decode_frame(frame)
+            except ImageDecodeError as exc:
+                raise ObservationError(f'images.{name}', str(exc)) from exc
+            unit = image_to_unit_tensor(pixels, self.device)
+            images.append(to_model_range(resize_with_pad(unit, size)))
+            masks.append(True)
+        return torch.stack(images)[None], torch.tensor([masks], device=self.device)
+
+    def _store(self, key: str, context: PrefixContext) -> None:
+        if not self.cache.put(key, context) and not self._warned_oversize:
+            self._warned_oversize = True
+            stats = self.cache.stats()
+            LOG.warning('prefix cache stores nothing: one entry needs %d bytes, the budget is %d bytes and %d '
+                        'entries; raise cache_max_bytes to cache prefixes', context.nbytes, stats.max_bytes,
+                        stats.max_entries)
+
+    def warmup(self) -> ActionChunk:
+        """One inference on a blank observation, outside the cache, so the first real tick is not the slow one."""
+        cfg = self.config
+        height, width = cfg.image_resolution
+        blank = {name: np.zeros((height, width, 3), dtype=np.uint8) for name in cfg.camera_names}
+        instruction = self.default_instruction or 'warm up'
+        was_enabled, self.cache_enabled = self.cache_enabled, False
+        try:
+            return self.infer(Observation(blank, self._neutral_state(), instruction), seed=0)
+        finally:
+            self.cache_enabled = was_enabled
+
+    def _neutral_state(self) -> np.ndarray:
+        """A state that normalises to zero."""
+        return self.state_normalizer.unnormalize(np.zeros(self.config.state_dim, dtype=np.float32))
+
+    def prefix_bytes(self) -> int:
+        """Analytic device bytes of one cached prefix (K/V only)."""
+        cfg = self.config
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        return cfg.kv_bytes_per_token(element) * cfg.prefix_len
+
+    def close(self) -> None:
+        """Drop the cache and the model; return device memory to the allocator's owner."""
+        self.cache.clear()
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == 'cuda':
+            torch.cuda.empty_cache()
