@@ -1,0 +1,1 @@
+"""Bag reading/writing, sample-bag generation and a pure-Python bag player."""
