@@ -1,0 +1,1 @@
+"""Everything that imports rclpy: the lifecycle node, its parameters and message conversions."""

@@ -1,0 +1,366 @@
+"""The lifecycle node: cameras, instruction and joint states in; JointTrajectory out.
+
+    configure   read parameters, load the checkpoint, warm up, subscribe
+    activate    start the control timer, publish trajectories
+    deactivate  stop the timer (inputs keep flowing into the buffer)
+    cleanup     drop subscriptions, publisher, model and cache
+
+Subscriptions only store the latest message (reentrant group); the control
+tick runs in its own mutually exclusive group, so the GPU never blocks input.
+/diagnostics is published in every state, so an unconfigured node says why.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.exceptions import (InvalidParameterTypeException, InvalidParameterValueException,
+                              ParameterUninitializedException)
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.parameter import Parameter
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+
+from ..observation import AssemblySettings, InputBuffer, SkipTick
+from ..runtime import PolicyRuntime
+from ..tick import (ThrottledReporter, TickEngine, TickOutcome, TickSettings, TickStats,
+                    check_settings_against_model)
+from .messages import diagnostics_msg, trajectory_msg
+from .params import BUILTIN_TINY, PARAMETERS, SPECS, descriptor, validate_limits, validate_value
+
+NODE_NAME = 'vla_policy'
+TRAJECTORY_QOS_DEPTH = 10
+_ROS_TYPES = {'bool': Parameter.Type.BOOL, 'int': Parameter.Type.INTEGER, 'double': Parameter.Type.DOUBLE,
+              'string': Parameter.Type.STRING, 'string_array': Parameter.Type.STRING_ARRAY,
+              'double_array': Parameter.Type.DOUBLE_ARRAY}
+
+
+def builtin_tiny_checkpoint() -> Path:
+    """The embedded default, written on first use under the user's cache folder."""
+    from ..policy.tiny_default import write_tiny_default
+
+    folder = Path.home() / '.cache' / 'vla_policy_node' / 'tiny_pi0'
+    if not (folder / 'model.safetensors').exists():
+        write_tiny_default(folder, 'pi0')
+    return folder
+
+
+class VlaPolicyNode(LifecycleNode):
+    def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
+        super().__init__(node_name, **kwargs)
+        self._param_errors: List[str] = []
+        self._declare_parameters()
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.buffer = InputBuffer()
+        self.stats = TickStats()
+        self._reporter = ThrottledReporter()
+        self.runtime: Optional[PolicyRuntime] = None
+        self._engine: Optional[TickEngine] = None
+        self._input_subscriptions: list = []
+        self._trajectory_pub = None
+        self._timer = None
+        self._timer_rate_hz = 0.0
+        self._camera_topics: Dict[str, str] = {}
+        self._lifecycle_label = 'unconfigured'
+        self._configure_error = ''
+        self._skips_since_diagnostics = 0
+        self._input_group = ReentrantCallbackGroup()
+        self._tick_group = MutuallyExclusiveCallbackGroup()
+        self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+        self._diagnostics_timer = self.create_timer(self._param('diagnostics_period_sec'), self._publish_diagnostics,
+                                                    callback_group=MutuallyExclusiveCallbackGroup())
+
+    # ---- parameters ------------------------------------------------------------------------
+    def _declare_parameters(self) -> None:
+        for spec in PARAMETERS:
+            value = _ROS_TYPES[spec.type_name] if spec.default is None else spec.default
+            try:
+                self.declare_parameter(spec.name, value, descriptor(spec))
+            except (InvalidParameterValueException, InvalidParameterTypeException) as exc:
+                # A bad value in the params file must not kill the process: keep the
+                # default, refuse to configure, and say why.
+                self._param_errors.append(f'{spec.name}: {exc}')
+                self.get_logger().error(f'parameter {spec.name} refused: {exc}; using the default')
+                self.declare_parameter(spec.name, value, descriptor(spec), ignore_override=True)
+            else:
+                reason = self._value_problem(spec.name, self._param(spec.name))
+                if reason:
+                    self._param_errors.append(reason)
+                    self.get_logger().error(f'parameter refused: {reason}')
+
+    def _param(self, name: str) -> Any:
+        """Current value; None for a typed parameter that was never set."""
+        try:
+            return self.get_parameter(name).value
+        except ParameterUninitializedException:
+            return None
+
+    def _value_problem(self, name: str, value: Any) -> Optional[str]:
+        spec = SPECS.get(name)
+        return validate_value(spec, value) if spec is not None and value is not None else None
+
+    def _on_set_parameters(self, parameters: Sequence[Parameter]) -> SetParametersResult:
+        """Validation only; values are read at the next tick (works on Humble, which lacks post-set callbacks)."""
+        incoming = {p.name: p.value for p in parameters}
+        for name, value in incoming.items():
+            reason = self._value_problem(name, value)
+            if reason:
+                return SetParametersResult(successful=False, reason=reason)
+        if {'joint_lower_limits', 'joint_upper_limits'} & set(incoming):
+            lower = incoming.get('joint_lower_limits', self._param('joint_lower_limits')) or []
+            upper = incoming.get('joint_upper_limits', self._param('joint_upper_limits')) or []
+            joints = len(self._param('joint_names') or [])
+            reason = validate_limits(list(lower), list(upper), joints)
+            if reason:
+                return SetParametersResult(successful=False, reason=reason)
+        if 'execute_steps' in incoming and self.runtime is not None:
+            chunk = self.runtime.config.chunk_size
+            if incoming['execute_steps'] > chunk:
+                return SetParametersResult(successful=False,
+                                           reason=f'execute_steps must be <= the chunk size {chunk}')
+        return SetParametersResult(successful=True)
+
+    # ---- settings -------------------------------------------------------------------------
+    def _camera_layout(self, checkpoint_cameras: Sequence[str]) -> Dict[str, tuple]:
+        names = list(self._param('camera_names') or checkpoint_cameras)
+        types = list(self._param('camera_types') or ['raw'] * len(names))
+        topics = list(self._param('camera_topics') or
+                      [f'/cameras/{n}/image_raw' + ('/compressed' if t == 'compressed' else '')
+                       for n, t in zip(names, types)])
+        if not (len(names) == len(types) == len(topics)):
+            raise ValueError(f'camera_names ({len(names)}), camera_types ({len(types)}) and camera_topics '
+                             f'({len(topics)}) must have the same length')
+        bad = [t for t in types if t not in ('raw', 'compressed')]
+        if bad:
+            raise ValueError(f'camera_types must be raw or compressed, got {bad}')
+        return {name: (topic, kind) for name, topic, kind in zip(names, topics, types)}
+
+    def _tick_settings(self) -> TickSettings:
+        values = {spec.name: self._param(spec.name) for spec in PARAMETERS}
+        joint_names = tuple(values['joint_names'] or ())
+        assembly = AssemblySettings(
+            camera_names=tuple(self._camera_topics), camera_topics=tuple(self._camera_topics.values()),
+            state_joint_names=tuple(values['state_joint_names'] or joint_names),
+            joint_states_topic=values['joint_states_topic'], instruction_topic=values['instruction_topic'],
+            default_instruction=values['instruction'], max_image_age_sec=values['max_image_age_sec'],
+            max_camera_skew_sec=values['max_camera_skew_sec'],
+            max_joint_state_age_sec=values['max_joint_state_age_sec'],
+            max_instruction_length=values['max_instruction_length'])
+        return TickSettings(assembly=assembly, joint_names=joint_names,
+                            action_period_sec=values['action_period_sec'], execute_steps=values['execute_steps'],
+                            stamp_mode=values['stamp_mode'],
+                            lower_limits=tuple(values['joint_lower_limits'] or ()),
+                            upper_limits=tuple(values['joint_upper_limits'] or ()),
+                            num_steps=values['num_steps'], seed=None if values['seed'] < 0 else values['seed'],
+                            cache_enabled=values['cache_enabled'])
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            self._configure()
+        except Exception as exc:  # any failure leaves the node unconfigured, with the reason
+            self._configure_error = f'{type(exc).__name__}: {exc}'
+            self.get_logger().error(f'configure failed: {self._configure_error}')
+            self._release()
+            return TransitionCallbackReturn.FAILURE
+        self._configure_error = ''
+        self._lifecycle_label = 'inactive'
+        return TransitionCallbackReturn.SUCCESS
+
+    def _configure(self) -> None:
+        if self._param_errors:
+            raise ValueError('invalid parameters: ' + '; '.join(self._param_errors))
+        if not self._param('joint_names'):
+            raise ValueError('joint_names is not set: list the joints the trajectory commands, one per action')
+        checkpoint = self._param('checkpoint_path')
+        if checkpoint == BUILTIN_TINY:
+            self.get_logger().warning('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions '
+                                      'are meaningless. Set checkpoint_path to a real lerobot pretrained_model folder.')
+            checkpoint = str(builtin_tiny_checkpoint())
+        self.runtime = PolicyRuntime.from_pretrained(
+            checkpoint, device=self._param('device'), dtype=self._param('dtype'),
+            tokenizer_path=self._param('tokenizer_path') or None,
+            cache_max_bytes=self._param('cache_max_bytes'), cache_max_entries=self._param('cache_max_entries'))
+        config = self.runtime.config
+        self._camera_topics = {name: topic for name, (topic, _) in self._camera_layout(config.camera_names).items()}
+        check_settings_against_model(self._tick_settings(), config)
+        self.get_logger().info(f'loaded {config.policy_type} from {checkpoint} on {self.runtime.device} '
+                               f'({self.runtime.dtype}); cameras {list(self._camera_topics.values())}; '
+                               f'one cached prefix = {self.runtime.prefix_bytes() / 2**20:.2f} MiB')
+        if self._param('warmup'):
+            chunk = self.runtime.warmup()
+            self.get_logger().info(f'warm-up chunk in {chunk.total_ms:.1f} ms')
+        self._engine = TickEngine(self.runtime, self.stats)
+        self._subscribe(self._camera_layout(config.camera_names))
+        self._trajectory_pub = self.create_lifecycle_publisher(
+            JointTrajectory, self._param('trajectory_topic'),
+            QoSProfile(depth=TRAJECTORY_QOS_DEPTH, reliability=ReliabilityPolicy.RELIABLE))
+
+    def _subscribe(self, cameras: Dict[str, tuple]) -> None:
+        for name, (topic, kind) in cameras.items():
+            msg_type = CompressedImage if kind == 'compressed' else Image
+            self._input_subscriptions.append(self.create_subscription(
+                msg_type, topic, self._camera_callback(name), qos_profile_sensor_data,
+                callback_group=self._input_group))
+        self._input_subscriptions.append(self.create_subscription(
+            JointState, self._param('joint_states_topic'), self._on_joint_state, qos_profile_sensor_data,
+            callback_group=self._input_group))
+        durability = (DurabilityPolicy.TRANSIENT_LOCAL if self._param('instruction_durability') == 'transient_local'
+                      else DurabilityPolicy.VOLATILE)
+        self._input_subscriptions.append(self.create_subscription(
+            String, self._param('instruction_topic'), self._on_instruction,
+            QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=durability),
+            callback_group=self._input_group))
+
+    def _camera_callback(self, name: str):
+        def store(msg: Any) -> None:
+            self.buffer.put_camera(name, msg, self._now_ns())
+        return store
+
+    def _on_joint_state(self, msg: JointState) -> None:
+        self.buffer.put_joint_state(msg, self._now_ns())
+
+    def _on_instruction(self, msg: String) -> None:
+        self.buffer.put_instruction(msg.data, self._now_ns())
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._timer_rate_hz = float(self._param('control_rate_hz'))
+        self._timer = self.create_timer(1.0 / self._timer_rate_hz, self._on_tick, callback_group=self._tick_group)
+        self._lifecycle_label = 'active'
+        self.get_logger().info(f'active: {self._timer_rate_hz:g} Hz on {self._param("trajectory_topic")}'
+                               + (' (dry_run: nothing is published)' if self._param('dry_run') else ''))
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_timer()
+        self._lifecycle_label = 'inactive'
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self._lifecycle_label = 'unconfigured'
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self._lifecycle_label = 'finalized'
+        return TransitionCallbackReturn.SUCCESS
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self.destroy_timer(self._timer)
+            self._timer = None
+
+    def _release(self) -> None:
+        """Undo configure: subscriptions, publisher, buffered inputs, model and device memory."""
+        self._stop_timer()
+        for subscription in self._input_subscriptions:
+            self.destroy_subscription(subscription)
+        self._input_subscriptions = []
+        if self._trajectory_pub is not None:
+            self.destroy_lifecycle_publisher(self._trajectory_pub)
+            self._trajectory_pub = None
+        self.buffer.clear()
+        self._engine = None
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+    # ---- the control tick -----------------------------------------------------------------
+    def _now_ns(self) -> int:
+        return self.get_clock().now().nanoseconds
+
+    def _on_tick(self) -> None:
+        engine = self._engine
+        if engine is None:
+            return
+        now_ns = self._now_ns()
+        if now_ns == 0:
+            # use_sim_time before the first /clock: time is 0, nothing is meaningful yet.
+            self._report_skip(SkipTick('waiting_for_clock', 'use_sim_time is set and no /clock has arrived'))
+            return
+        settings = self._tick_settings()
+        self._apply_live_settings()
+        outcome = engine.run(self.buffer, settings, now_ns)
+        if outcome.skip is not None:
+            self._skips_since_diagnostics += 1
+            self._report_skip(outcome.skip)
+            return
+        plan = outcome.plan
+        if self._param('dry_run'):
+            if self._reporter.should_report('dry_run'):
+                self.get_logger().info(f'dry_run: would publish {len(plan.times_sec)} points; first '
+                                       f'{[round(float(v), 3) for v in plan.positions[0]]}')
+            return
+        self._trajectory_pub.publish(trajectory_msg(plan))
+        self.stats.record_published()
+
+    def _apply_live_settings(self) -> None:
+        """Side effects of live parameters that are more than a value read at the tick."""
+        runtime = self.runtime
+        runtime.cache.resize(self._param('cache_max_bytes'), self._param('cache_max_entries'))
+        rate = float(self._param('control_rate_hz'))
+        if rate != self._timer_rate_hz and self._timer is not None:
+            self._timer.timer_period_ns = int(1e9 / rate)
+            self._timer_rate_hz = rate
+
+    def _report_skip(self, skip: SkipTick) -> None:
+        if skip.reason == 'waiting_for_clock':
+            self.stats.record(TickOutcome(now_ns=0, skip=skip))
+        if self._reporter.should_report(f'{skip.reason}:{skip.topic}'):
+            self.get_logger().warning(f'tick skipped [{skip.reason}]: {skip}')
+
+    # ---- diagnostics ---------------------------------------------------------------------
+    def _publish_diagnostics(self) -> None:
+        runtime = self.runtime
+        now_ns = self._now_ns()
+        if self._configure_error:
+            level, message = DiagnosticStatus.ERROR, f'unconfigured: {self._configure_error}'
+        elif self._skips_since_diagnostics:
+            level = DiagnosticStatus.WARN
+            message = f'{self._lifecycle_label}; {self._skips_since_diagnostics} tick(s) skipped, last: ' \
+                      f'{self.stats.last_skip}'
+        else:
+            level, message = DiagnosticStatus.OK, self._lifecycle_label
+        self._skips_since_diagnostics = 0
+        info: Dict[str, object] = {'lifecycle_state': self._lifecycle_label,
+                                   'dry_run': self._param('dry_run')}
+        if runtime is not None:
+            info.update(policy_type=runtime.config.policy_type, device=str(runtime.device),
+                        dtype=str(runtime.dtype).replace('torch.', ''), model_revision=runtime.model_revision,
+                        prefix_entry_bytes=runtime.prefix_bytes())
+        self._diagnostics_pub.publish(diagnostics_msg(
+            now_ns, f'{self.get_name()}: policy', str(runtime.device) if runtime else 'none', level, message, info,
+            self.stats, runtime.cache.stats() if runtime else None, self.buffer.camera_ages(now_ns)))
+
+
+def main(args: Optional[List[str]] = None) -> int:
+    rclpy.init(args=args if args is not None else sys.argv)
+    node = None
+    try:
+        node = VlaPolicyNode()
+        executor = MultiThreadedExecutor(num_threads=4)
+        executor.add_node(node)
+        if node.get_parameter('autostart').value:
+            if node.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+                node.trigger_activate()
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

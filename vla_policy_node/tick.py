@@ -1,0 +1,186 @@
+"""One control tick, the same for the live node and the offline replay.
+
+    InputBuffer --assemble--> Observation --runtime.infer--> ActionChunk --build_plan--> TrajectoryPlan
+
+Anything wrong on the way becomes a SkipTick with a reason; nothing invalid
+leaves this module. The caller (node or replay) owns the clock and the output.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Deque, Dict, Optional, Tuple
+
+import numpy as np
+
+from .observation import AssembledObservation, AssemblySettings, InputBuffer, SkipTick
+from .policy.config import PolicyConfig
+from .runtime import STAGES, ActionChunk, ObservationError, PolicyRuntime
+from .trajectory import STAMP_MODES, TrajectoryError, TrajectoryPlan, build_plan
+
+LATENCY_WINDOW = 200
+
+
+@dataclass(frozen=True)
+class TickSettings:
+    assembly: AssemblySettings
+    joint_names: Tuple[str, ...]
+    action_period_sec: float = 0.1
+    execute_steps: int = 0              # 0: the whole chunk
+    stamp_mode: str = 'zero'
+    lower_limits: Tuple[float, ...] = ()
+    upper_limits: Tuple[float, ...] = ()
+    num_steps: int = 10
+    seed: Optional[int] = None          # None: fresh noise every tick
+    cache_enabled: bool = True
+
+
+def check_settings_against_model(settings: TickSettings, config: PolicyConfig) -> None:
+    """Raise ValueError naming the parameter when the node's settings cannot drive this model."""
+    if len(settings.joint_names) != config.action_dim:
+        raise ValueError(f'joint_names has {len(settings.joint_names)} joints, the checkpoint outputs '
+                         f'{config.action_dim} actions per step')
+    state_joints = settings.assembly.state_joint_names
+    if len(state_joints) != config.state_dim:
+        raise ValueError(f'state_joint_names has {len(state_joints)} joints, the checkpoint expects a state of '
+                         f'{config.state_dim}')
+    unknown = sorted(set(settings.assembly.camera_names) - set(config.camera_names))
+    if unknown:
+        raise ValueError(f'camera_names {unknown} are not cameras of the checkpoint {list(config.camera_names)}')
+    if settings.stamp_mode not in STAMP_MODES:
+        raise ValueError(f'stamp_mode must be one of {STAMP_MODES}')
+    if settings.execute_steps > config.chunk_size:
+        raise ValueError(f'execute_steps {settings.execute_steps} exceeds the chunk size {config.chunk_size}')
+    for name, limits in (('joint_lower_limits', settings.lower_limits), ('joint_upper_limits', settings.upper_limits)):
+        if limits and len(limits) != len(settings.joint_names):
+            raise ValueError(f'{name} has {len(limits)} values for {len(settings.joint_names)} joints')
+
+
+@dataclass
+class TickOutcome:
+    now_ns: int
+    plan: Optional[TrajectoryPlan] = None
+    chunk: Optional[ActionChunk] = None
+    skip: Optional[SkipTick] = None
+    assembled: Optional[AssembledObservation] = None
+
+
+class TickStats:
+    """Counters and latency windows for diagnostics and replay summaries (thread-safe)."""
+
+    def __init__(self, window: int = LATENCY_WINDOW) -> None:
+        self._lock = threading.Lock()
+        self.ticks = 0
+        self.chunks = 0
+        self.published = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.clipped = 0
+        self.skipped: Dict[str, int] = collections.Counter()
+        self._latency: Dict[str, Deque[float]] = {stage: collections.deque(maxlen=window)
+                                                  for stage in STAGES + ('total',)}
+        self.last_skip: Optional[SkipTick] = None
+
+    def record(self, outcome: TickOutcome) -> None:
+        with self._lock:
+            self.ticks += 1
+            if outcome.skip is not None:
+                self.skipped[outcome.skip.reason] += 1
+                self.last_skip = outcome.skip
+            chunk = outcome.chunk
+            if chunk is not None:
+                self.chunks += 1
+                if chunk.cache_hit:
+                    self.cache_hits += 1
+                else:
+                    self.cache_misses += 1
+                for stage in STAGES:
+                    self._latency[stage].append(chunk.timings_ms.get(stage, 0.0))
+                self._latency['total'].append(chunk.total_ms)
+            if outcome.plan is not None and outcome.plan.clipped:
+                self.clipped += 1
+
+    def record_published(self) -> None:
+        with self._lock:
+            self.published += 1
+
+    def latency_summary(self) -> Dict[str, Dict[str, float]]:
+        """Per stage: p50, p95 and max in ms over the recent window."""
+        with self._lock:
+            windows = {stage: list(values) for stage, values in self._latency.items()}
+        summary = {}
+        for stage, values in windows.items():
+            if values:
+                array = np.asarray(values)
+                summary[stage] = {'p50': float(np.percentile(array, 50)), 'p95': float(np.percentile(array, 95)),
+                                  'max': float(array.max())}
+        return summary
+
+    @property
+    def skipped_total(self) -> int:
+        with self._lock:
+            return sum(self.skipped.values())
+
+
+class TickEngine:
+    """Runs ticks against a runtime; owns no clock and publishes nothing."""
+
+    def __init__(self, runtime: PolicyRuntime, stats: Optional[TickStats] = None) -> None:
+        self.runtime = runtime
+        self.stats = stats or TickStats()
+
+    def run(self, buffer: InputBuffer, settings: TickSettings, now_ns: int) -> TickOutcome:
+        outcome = TickOutcome(now_ns=now_ns)
+        try:
+            outcome.assembled = buffer.assemble(settings.assembly, now_ns)
+            outcome.chunk = self._infer(outcome.assembled, settings)
+            outcome.plan = self._plan(outcome.chunk, outcome.assembled, settings)
+        except SkipTick as skip:
+            outcome.skip = skip
+        self.stats.record(outcome)
+        return outcome
+
+    def _infer(self, assembled: AssembledObservation, settings: TickSettings) -> ActionChunk:
+        self.runtime.cache_enabled = settings.cache_enabled
+        try:
+            return self.runtime.infer(assembled.observation, seed=settings.seed, num_steps=settings.num_steps)
+        except ObservationError as exc:
+            raise SkipTick('bad_input', f'rejected by the policy: {exc}', _topic_of(exc.field, settings)) from exc
+
+    @staticmethod
+    def _plan(chunk: ActionChunk, assembled: AssembledObservation, settings: TickSettings) -> TrajectoryPlan:
+        stamp_ns = assembled.stamp_ns if settings.stamp_mode == 'observation' else 0
+        same_joints = settings.assembly.state_joint_names == settings.joint_names
+        try:
+            return build_plan(chunk.actions, settings.joint_names, settings.action_period_sec,
+                              settings.execute_steps, stamp_ns, settings.lower_limits, settings.upper_limits,
+                              current=assembled.current_positions if same_joints else None)
+        except TrajectoryError as exc:
+            raise SkipTick('invalid_actions', f'policy output not published: {exc}') from exc
+
+
+def _topic_of(field_name: str, settings: TickSettings) -> str:
+    assembly = settings.assembly
+    if field_name.startswith('images.'):
+        camera = field_name[len('images.'):]
+        topics = dict(zip(assembly.camera_names, assembly.camera_topics))
+        return topics.get(camera, '')
+    return {'state': assembly.joint_states_topic, 'instruction': assembly.instruction_topic}.get(field_name, '')
+
+
+class ThrottledReporter:
+    """At most one report per key per period (per-fault throttling; rclpy's throttle is per call site)."""
+
+    def __init__(self, period_sec: float = 5.0) -> None:
+        self.period_sec = period_sec
+        self._last: Dict[str, float] = {}
+
+    def should_report(self, key: str) -> bool:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.period_sec:
+            return False
+        self._last[key] = now
+        return True

@@ -1,0 +1,98 @@
+"""Action chunk -> joint trajectory plan that a ros2_control JointTrajectoryController accepts.
+
+Rules (joint_trajectory_controller's validate_trajectory_msg):
+  - joint_names non-empty and unique; every point has one position (and velocity) per joint;
+  - time_from_start strictly increasing: point i at (i + 1) * dt;
+  - the last point's velocity is zero (Jazzy/Kilted reject anything else by default);
+  - header.stamp zero means "start now"; a stamp in the past drops elapsed points.
+Velocities are central finite differences (one-sided at the start, using the
+current joint positions when known), so the controller interpolates with cubics.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+STAMP_MODES = ('zero', 'observation')
+
+
+class TrajectoryError(ValueError):
+    """A plan that a controller would reject (or that should never reach one)."""
+
+
+@dataclass(frozen=True)
+class TrajectoryPlan:
+    joint_names: Tuple[str, ...]
+    times_sec: np.ndarray      # [N] strictly increasing, > 0
+    positions: np.ndarray      # [N, J]
+    velocities: np.ndarray     # [N, J], last row zero
+    stamp_ns: int              # 0 = start now
+    clipped: bool = False      # some action was outside the joint limits
+
+
+def build_plan(actions: np.ndarray, joint_names: Sequence[str], dt: float, execute_steps: int, stamp_ns: int,
+               lower: Optional[Sequence[float]] = None, upper: Optional[Sequence[float]] = None,
+               current: Optional[np.ndarray] = None) -> TrajectoryPlan:
+    """First ``execute_steps`` actions [H, J] (0 = all) -> a plan; clipped to [lower, upper] when given."""
+    actions = np.asarray(actions, dtype=np.float64)
+    joints = len(joint_names)
+    if actions.ndim != 2 or actions.shape[1] != joints:
+        raise TrajectoryError(f'actions {list(actions.shape)} do not match {joints} joint names')
+    if not (dt > 0 and math.isfinite(dt)):
+        raise TrajectoryError(f'dt must be a positive number of seconds, got {dt}')
+    steps = actions.shape[0] if execute_steps <= 0 else min(int(execute_steps), actions.shape[0])
+    positions = actions[:steps]
+    if not np.all(np.isfinite(positions)):
+        raise TrajectoryError('the policy produced non-finite actions')
+    clipped = False
+    if lower is not None and len(lower) or upper is not None and len(upper):
+        low = np.asarray(lower if lower is not None and len(lower) else [-np.inf] * joints, dtype=np.float64)
+        high = np.asarray(upper if upper is not None and len(upper) else [np.inf] * joints, dtype=np.float64)
+        bounded = np.clip(positions, low, high)
+        clipped = bool(np.any(bounded != positions))
+        positions = bounded
+    velocities = finite_difference_velocities(positions, dt, current)
+    times = (np.arange(steps, dtype=np.float64) + 1.0) * dt
+    return TrajectoryPlan(tuple(joint_names), times, positions, velocities, int(stamp_ns), clipped)
+
+
+def finite_difference_velocities(positions: np.ndarray, dt: float,
+                                 current: Optional[np.ndarray] = None) -> np.ndarray:
+    """[N, J] positions at t = (i+1) dt -> velocities; central differences, last row zero."""
+    count = positions.shape[0]
+    velocities = np.zeros_like(positions)
+    if count < 2:
+        return velocities
+    # Point 0 sits between the current position (t = 0) and point 1, when the current one is known.
+    previous = np.asarray(current, dtype=np.float64) if current is not None else None
+    velocities[0] = ((positions[1] - previous) / (2 * dt) if previous is not None and previous.shape == positions[0].shape
+                     else (positions[1] - positions[0]) / dt)
+    velocities[1:-1] = (positions[2:] - positions[:-2]) / (2 * dt)
+    return velocities
+
+
+def check_controller_rules(joint_names: Sequence[str], times_sec: Sequence[float], positions: Sequence[Sequence[float]],
+                           velocities: Sequence[Sequence[float]]) -> None:
+    """Raise TrajectoryError where joint_trajectory_controller would reject the trajectory."""
+    if not joint_names:
+        raise TrajectoryError('joint_names is empty')
+    if len(set(joint_names)) != len(joint_names):
+        raise TrajectoryError(f'joint_names has duplicates: {list(joint_names)}')
+    if not len(times_sec):
+        raise TrajectoryError('the trajectory has no points')
+    previous = 0.0
+    for i, (t, pos, vel) in enumerate(zip(times_sec, positions, velocities)):
+        if not t > previous:
+            raise TrajectoryError(f'time_from_start is not strictly increasing at point {i} ({t} after {previous})')
+        previous = t
+        if len(pos) != len(joint_names) or (len(vel) and len(vel) != len(joint_names)):
+            raise TrajectoryError(f'point {i} has {len(pos)} positions / {len(vel)} velocities '
+                                  f'for {len(joint_names)} joints')
+        if not all(math.isfinite(v) for v in list(pos) + list(vel)):
+            raise TrajectoryError(f'point {i} has a non-finite value')
+    last_velocity = velocities[-1]
+    if len(last_velocity) and any(v != 0.0 for v in last_velocity):
+        raise TrajectoryError('the last point has a non-zero velocity')
