@@ -10,7 +10,6 @@ benchmarks and tests.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -87,6 +86,12 @@ def resolve_device(device: str) -> torch.device:
     if resolved.type == 'cuda' and not torch.cuda.is_available():
         raise ValueError(f'device {device!r} requested but CUDA is not available')
     return resolved
+
+
+def set_cpu_threads(threads: int) -> None:
+    """Bound torch's CPU thread pool (0 leaves torch's default). Process-wide."""
+    if threads > 0:
+        torch.set_num_threads(int(threads))
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -224,8 +229,8 @@ class PolicyRuntime:
         shape = (1, self.config.chunk_size, self.config.max_action_dim)
         if noise is not None:
             array = np.asarray(noise, dtype=np.float32)
-            if array.size != math.prod(shape):
-                raise ObservationError('noise', f'expected {list(shape[1:])} values, got shape {list(array.shape)}')
+            if array.shape not in (shape, shape[1:]):
+                raise ObservationError('noise', f'expected shape {list(shape[1:])}, got {list(array.shape)}')
             return torch.from_numpy(array.reshape(shape).copy()).to(self.device)
         # Drawn on the CPU so a seed gives the same noise on every device.
         generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
@@ -241,7 +246,13 @@ class PolicyRuntime:
 
     def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
               seed: Optional[int] = None, num_steps: Optional[int] = None) -> ActionChunk:
-        """One action chunk. Bad input raises ObservationError before the cache is touched."""
+        """One action chunk; ``num_steps`` None or 0 uses the runtime's setting.
+
+        Bad input raises ObservationError. Everything checkable without decoding
+        (cameras, frame geometry, state, instruction, noise) is checked before
+        the cache lookup; a corrupt compressed image is only found while
+        decoding on a miss, and then nothing is stored.
+        """
         with self._lock:
             return self._infer_locked(observation, noise, seed, num_steps)
 

@@ -68,8 +68,10 @@ def finite_difference_velocities(positions: np.ndarray, dt: float,
         return velocities
     # Point 0 sits between the current position (t = 0) and point 1, when the current one is known.
     previous = np.asarray(current, dtype=np.float64) if current is not None else None
-    velocities[0] = ((positions[1] - previous) / (2 * dt) if previous is not None and previous.shape == positions[0].shape
-                     else (positions[1] - positions[0]) / dt)
+    if previous is not None and previous.shape == positions[0].shape:
+        velocities[0] = (positions[1] - previous) / (2 * dt)
+    else:
+        velocities[0] = (positions[1] - positions[0]) / dt
     velocities[1:-1] = (positions[2:] - positions[:-2]) / (2 * dt)
     return velocities
 

@@ -36,7 +36,8 @@ def _put_camera(hasher: 'xxhash.xxh3_128', frame: CameraInput) -> None:
     if frame is None:
         _put_text(hasher, 'masked')
     elif isinstance(frame, RawImage):
-        _put_text(hasher, f'raw:{frame.encoding}:{frame.height}:{frame.width}:{frame.step}:{int(bool(frame.is_bigendian))}')
+        layout = f'{frame.encoding}:{frame.height}:{frame.width}:{frame.step}:{int(bool(frame.is_bigendian))}'
+        _put_text(hasher, 'raw:' + layout)
         _put_bytes(hasher, frame_buffer(frame))
     elif isinstance(frame, CompressedFrame):
         _put_text(hasher, f'compressed:{frame.format}')

@@ -89,8 +89,8 @@ def _known_unused(key: str, policy_type: str) -> bool:
     if policy_type == 'pi05':
         # pi0.5 takes the state through the prompt; its expert norms are adaptive.
         return key.startswith('state_proj.') or bool(
-            re.match(r'^paligemma_with_expert\.gemma_expert\.model\.(layers\.\d+\.(input|post_attention)_layernorm|norm)'
-                     r'\.weight$', key))
+            re.match(r'^paligemma_with_expert\.gemma_expert\.model\.'
+                     r'(layers\.\d+\.(input|post_attention)_layernorm|norm)\.weight$', key))
     return False
 
 
@@ -141,7 +141,8 @@ def load_weights(model: PiZeroModel, weights_path: Path, device: torch.device,
             if shape != expected[key]:
                 raise CheckpointError(f'{weights_path}: tensor {file_key} has shape {list(shape)}, '
                                       f'the config expects {list(expected[key])}')
-        state = {key: handle.get_tensor(file_key).to(device=device, dtype=param_dtype(key, compute_dtype))
+        # copy=True: the model owns freshly allocated (aligned) memory, not a view of the file buffer.
+        state = {key: handle.get_tensor(file_key).to(device=device, dtype=param_dtype(key, compute_dtype), copy=True)
                  for key, file_key in file_keys.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.compute_dtype = compute_dtype

@@ -94,12 +94,14 @@ class PolicyConfig:
         # One joint attention per layer: both streams must agree on its shape.
         for name in ('depth', 'num_heads', 'num_kv_heads', 'head_dim'):
             if getattr(lm, name) != getattr(ex, name):
-                raise ConfigError(f'language and expert must share {name}: {getattr(lm, name)} != {getattr(ex, name)}')
+                raise ConfigError(f'language and expert must share {name}: '
+                                  f'{getattr(lm, name)} != {getattr(ex, name)}')
         if lm.num_heads % lm.num_kv_heads:
             raise ConfigError('num_heads must be a multiple of num_kv_heads')
         height, width = self.image_resolution
         if height % self.vision.patch_size or width % self.vision.patch_size:
-            raise ConfigError(f'image_resolution {self.image_resolution} is not a multiple of patch {self.vision.patch_size}')
+            raise ConfigError(f'image_resolution {self.image_resolution} is not a multiple of '
+                              f'patch {self.vision.patch_size}')
         if self.state_dim > self.max_state_dim or self.action_dim > self.max_action_dim:
             raise ConfigError('state_dim/action_dim exceed max_state_dim/max_action_dim')
         if self.n_action_steps > self.chunk_size:
@@ -176,7 +178,8 @@ class PolicyConfig:
             raise ConfigError(f'config.json "type" must be one of {POLICY_TYPES}, got {policy_type!r}')
         sizes = raw.get('model_sizes') or {}
         language = _gemma_size(sizes.get('language'), raw.get('paligemma_variant', 'gemma_2b'), 'paligemma_variant')
-        expert = _gemma_size(sizes.get('expert'), raw.get('action_expert_variant', 'gemma_300m'), 'action_expert_variant')
+        expert = _gemma_size(sizes.get('expert'), raw.get('action_expert_variant', 'gemma_300m'),
+                             'action_expert_variant')
         vision = VisionSize(**sizes['vision']) if 'vision' in sizes else SIGLIP_SO400M_14
         features = raw.get('input_features') or {}
         cameras = [key[len(IMAGE_FEATURE_PREFIX):] for key, feat in features.items()

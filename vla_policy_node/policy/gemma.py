@@ -51,10 +51,9 @@ class GemmaDecoderLayer(nn.Module):
     def __init__(self, size: GemmaSize, eps: float, cond_dim: Optional[int] = None) -> None:
         super().__init__()
         self.adaptive = cond_dim is not None
-        norm = (lambda: AdaptiveRMSNorm(size.width, cond_dim, eps)) if self.adaptive else (lambda: RMSNorm(size.width, eps))
-        self.input_layernorm = norm()
+        self.input_layernorm = _norm(size.width, eps, cond_dim)
         self.self_attn = GemmaSelfAttention(size)
-        self.post_attention_layernorm = norm()
+        self.post_attention_layernorm = _norm(size.width, eps, cond_dim)
         self.mlp = GemmaMLP(size.width, size.mlp_dim)
 
     def norm(self, which: nn.Module, x: torch.Tensor,
@@ -63,6 +62,10 @@ class GemmaDecoderLayer(nn.Module):
         if self.adaptive:
             return which(x, cond)
         return which(x), None
+
+
+def _norm(width: int, eps: float, cond_dim: Optional[int]) -> nn.Module:
+    return AdaptiveRMSNorm(width, cond_dim, eps) if cond_dim is not None else RMSNorm(width, eps)
 
 
 def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor]) -> torch.Tensor:
@@ -80,7 +83,7 @@ class GemmaStack(nn.Module):
         if vocab_size is not None:
             self.embed_tokens = nn.Embedding(vocab_size, size.width)
         self.layers = nn.ModuleList(GemmaDecoderLayer(size, eps, cond_dim) for _ in range(size.depth))
-        self.norm = AdaptiveRMSNorm(size.width, cond_dim, eps) if cond_dim is not None else RMSNorm(size.width, eps)
+        self.norm = _norm(size.width, eps, cond_dim)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Gemma scales token embeddings by sqrt(width)."""

@@ -6,6 +6,7 @@ Its actions are meaningless (random weights); only the plumbing is real.
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
@@ -53,6 +54,23 @@ def write_random_checkpoint(folder: Path, config: PolicyConfig, seed: int = DEFA
 
 def write_tiny_default(folder: Path, policy_type: str = 'pi0', seed: int = DEFAULT_SEED) -> Path:
     return write_random_checkpoint(folder, preset('tiny', policy_type=policy_type), seed)
+
+
+def builtin_tiny_checkpoint() -> Path:
+    """The embedded default (checkpoint_path "builtin:tiny"), written on first use under ~/.cache."""
+    folder = Path.home() / '.cache' / 'vla_policy_node' / 'tiny_pi0'
+    if (folder / 'model.safetensors').exists():
+        return folder
+    # Written beside and renamed into place, so a half-written folder is never loaded.
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix='tiny_pi0.', dir=folder.parent))
+    write_tiny_default(scratch, 'pi0')
+    try:
+        scratch.rename(folder)
+    except OSError:  # another process finished first; its folder is complete
+        shutil.rmtree(scratch, ignore_errors=True)
+    return folder
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

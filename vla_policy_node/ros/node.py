@@ -12,7 +12,6 @@ tick runs in its own mutually exclusive group, so the GPU never blocks input.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import rclpy
@@ -29,8 +28,10 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
-from ..observation import AssemblySettings, InputBuffer, SkipTick
-from ..runtime import PolicyRuntime
+from ..observation import InputBuffer, SkipTick
+from ..policy.tiny_default import builtin_tiny_checkpoint
+from ..runtime import PolicyRuntime, set_cpu_threads
+from ..settings import camera_layout, tick_settings
 from ..tick import (ThrottledReporter, TickEngine, TickOutcome, TickSettings, TickStats,
                     check_settings_against_model)
 from .messages import diagnostics_msg, trajectory_msg
@@ -41,16 +42,6 @@ TRAJECTORY_QOS_DEPTH = 10
 _ROS_TYPES = {'bool': Parameter.Type.BOOL, 'int': Parameter.Type.INTEGER, 'double': Parameter.Type.DOUBLE,
               'string': Parameter.Type.STRING, 'string_array': Parameter.Type.STRING_ARRAY,
               'double_array': Parameter.Type.DOUBLE_ARRAY}
-
-
-def builtin_tiny_checkpoint() -> Path:
-    """The embedded default, written on first use under the user's cache folder."""
-    from ..policy.tiny_default import write_tiny_default
-
-    folder = Path.home() / '.cache' / 'vla_policy_node' / 'tiny_pi0'
-    if not (folder / 'model.safetensors').exists():
-        write_tiny_default(folder, 'pi0')
-    return folder
 
 
 class VlaPolicyNode(LifecycleNode):
@@ -129,38 +120,11 @@ class VlaPolicyNode(LifecycleNode):
         return SetParametersResult(successful=True)
 
     # ---- settings -------------------------------------------------------------------------
-    def _camera_layout(self, checkpoint_cameras: Sequence[str]) -> Dict[str, tuple]:
-        names = list(self._param('camera_names') or checkpoint_cameras)
-        types = list(self._param('camera_types') or ['raw'] * len(names))
-        topics = list(self._param('camera_topics') or
-                      [f'/cameras/{n}/image_raw' + ('/compressed' if t == 'compressed' else '')
-                       for n, t in zip(names, types)])
-        if not (len(names) == len(types) == len(topics)):
-            raise ValueError(f'camera_names ({len(names)}), camera_types ({len(types)}) and camera_topics '
-                             f'({len(topics)}) must have the same length')
-        bad = [t for t in types if t not in ('raw', 'compressed')]
-        if bad:
-            raise ValueError(f'camera_types must be raw or compressed, got {bad}')
-        return {name: (topic, kind) for name, topic, kind in zip(names, topics, types)}
+    def _values(self) -> Dict[str, Any]:
+        return {spec.name: self._param(spec.name) for spec in PARAMETERS}
 
     def _tick_settings(self) -> TickSettings:
-        values = {spec.name: self._param(spec.name) for spec in PARAMETERS}
-        joint_names = tuple(values['joint_names'] or ())
-        assembly = AssemblySettings(
-            camera_names=tuple(self._camera_topics), camera_topics=tuple(self._camera_topics.values()),
-            state_joint_names=tuple(values['state_joint_names'] or joint_names),
-            joint_states_topic=values['joint_states_topic'], instruction_topic=values['instruction_topic'],
-            default_instruction=values['instruction'], max_image_age_sec=values['max_image_age_sec'],
-            max_camera_skew_sec=values['max_camera_skew_sec'],
-            max_joint_state_age_sec=values['max_joint_state_age_sec'],
-            max_instruction_length=values['max_instruction_length'])
-        return TickSettings(assembly=assembly, joint_names=joint_names,
-                            action_period_sec=values['action_period_sec'], execute_steps=values['execute_steps'],
-                            stamp_mode=values['stamp_mode'],
-                            lower_limits=tuple(values['joint_lower_limits'] or ()),
-                            upper_limits=tuple(values['joint_upper_limits'] or ()),
-                            num_steps=values['num_steps'], seed=None if values['seed'] < 0 else values['seed'],
-                            cache_enabled=values['cache_enabled'])
+        return tick_settings(self._values(), self._camera_topics)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -185,12 +149,14 @@ class VlaPolicyNode(LifecycleNode):
             self.get_logger().warning('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions '
                                       'are meaningless. Set checkpoint_path to a real lerobot pretrained_model folder.')
             checkpoint = str(builtin_tiny_checkpoint())
+        set_cpu_threads(self._param('cpu_threads'))
         self.runtime = PolicyRuntime.from_pretrained(
             checkpoint, device=self._param('device'), dtype=self._param('dtype'),
             tokenizer_path=self._param('tokenizer_path') or None,
             cache_max_bytes=self._param('cache_max_bytes'), cache_max_entries=self._param('cache_max_entries'))
         config = self.runtime.config
-        self._camera_topics = {name: topic for name, (topic, _) in self._camera_layout(config.camera_names).items()}
+        cameras = camera_layout(self._values(), config.camera_names)
+        self._camera_topics = {name: topic for name, (topic, _) in cameras.items()}
         check_settings_against_model(self._tick_settings(), config)
         self.get_logger().info(f'loaded {config.policy_type} from {checkpoint} on {self.runtime.device} '
                                f'({self.runtime.dtype}); cameras {list(self._camera_topics.values())}; '
@@ -199,7 +165,7 @@ class VlaPolicyNode(LifecycleNode):
             chunk = self.runtime.warmup()
             self.get_logger().info(f'warm-up chunk in {chunk.total_ms:.1f} ms')
         self._engine = TickEngine(self.runtime, self.stats)
-        self._subscribe(self._camera_layout(config.camera_names))
+        self._subscribe(cameras)
         self._trajectory_pub = self.create_lifecycle_publisher(
             JointTrajectory, self._param('trajectory_topic'),
             QoSProfile(depth=TRAJECTORY_QOS_DEPTH, reliability=ReliabilityPolicy.RELIABLE))

@@ -1,0 +1,179 @@
+"""Runtime benchmark: per-stage latency of a cache miss and a cache hit, cache entry size, key hashing.
+
+    python bench/bench_runtime.py                      # tiny + pi0_shallow on CPU (about a minute)
+    python bench/bench_runtime.py --presets pi0 --device cuda --dtype bfloat16   # full pi0 on a GPU
+
+Weights are random (timing does not depend on their values); observations are
+three 640x480 rgb8 frames, an instruction and a state. A "miss" changes one
+image byte per run so the prefix is recomputed; a "hit" repeats one
+observation. Medians over --runs runs after --warmup runs. Prints a table;
+--json writes the figures too. Not a test: nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import torch
+import xxhash
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vla_policy_node.cache import PrefixKeyBuilder  # noqa: E402
+from vla_policy_node.images import RawImage  # noqa: E402
+from vla_policy_node.policy.config import preset  # noqa: E402
+from vla_policy_node.policy.normalize import FeatureNormalizer  # noqa: E402
+from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
+from vla_policy_node.policy.tiny_default import statistics as norm_statistics  # noqa: E402
+from vla_policy_node.policy.tokenizer import PromptTokenizer, build_test_tokenizer  # noqa: E402
+from vla_policy_node.runtime import STAGES, Observation, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402
+
+FRAME_HEIGHT, FRAME_WIDTH = 480, 640
+INSTRUCTION = 'pick up the red block and put it in the bin'
+
+
+def camera_frames(names, seed: int) -> Dict[str, RawImage]:
+    rng = np.random.default_rng(seed)
+    return {name: RawImage(FRAME_HEIGHT, FRAME_WIDTH, 'rgb8', FRAME_WIDTH * 3, False,
+                           rng.integers(0, 256, FRAME_HEIGHT * FRAME_WIDTH * 3, dtype=np.uint8).tobytes())
+            for name in names}
+
+
+def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, tokenizer: PromptTokenizer,
+                   depth: int) -> PolicyRuntime:
+    """A runtime over a randomly initialised model, built on the device directly (no checkpoint file)."""
+    overrides = {'depth': depth} if preset_name == 'pi0_shallow' else {}
+    config = preset(preset_name, **overrides)
+    with torch.device('meta'):
+        model = PiZeroModel(config)
+    model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if 'norm' in name and param.dim() == 1:
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+    model.set_compute_dtype(dtype).eval()
+    state = FeatureNormalizer('observation.state', 'MEAN_STD', norm_statistics(config.state_dim, 0.5))
+    action = FeatureNormalizer('action', 'MEAN_STD', norm_statistics(config.action_dim, 0.2))
+    return PolicyRuntime(model, tokenizer, state, action, model_revision=f'random-{preset_name}')
+
+
+def bench_stages(runtime: PolicyRuntime, runs: int, warmup: int) -> Dict[str, Dict[str, float]]:
+    config = runtime.config
+    frames = camera_frames(config.camera_names, seed=1)
+    state = np.zeros(config.state_dim)
+    results: Dict[str, List[Dict[str, float]]] = {'miss': [], 'hit': []}
+    for i in range(warmup + runs):
+        # Miss: a fresh first byte in one camera, so the key and the prefix are new.
+        name = config.camera_names[0]
+        data = bytearray(frames[name].data)
+        data[0] = (i * 7 + 1) % 256
+        miss_frames = dict(frames)
+        miss_frames[name] = RawImage(FRAME_HEIGHT, FRAME_WIDTH, 'rgb8', FRAME_WIDTH * 3, False, bytes(data))
+        observation = Observation(miss_frames, state, INSTRUCTION)
+        runtime.cache.clear()
+        miss = runtime.infer(observation, seed=0)
+        hit = runtime.infer(observation, seed=0)
+        assert not miss.cache_hit and hit.cache_hit
+        if not np.array_equal(miss.actions, hit.actions):
+            raise SystemExit('a hit returned different actions from the miss: the cache is broken')
+        if i >= warmup:
+            results['miss'].append(dict(miss.timings_ms, total=miss.total_ms))
+            results['hit'].append(dict(hit.timings_ms, total=hit.total_ms))
+    return {kind: {stage: statistics.median(run[stage] for run in runs_) for stage in STAGES + ('total',)}
+            for kind, runs_ in results.items()}
+
+
+def bench_hash(repeats: int = 200) -> Dict[str, float]:
+    """Key of three 640x480 rgb8 frames + 48 tokens, and raw xxh3-128 throughput."""
+    frames = camera_frames(('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb'), seed=2)
+    builder = PrefixKeyBuilder('revision', 'tokenizer', 'float32')
+    slots = list(frames.items())
+    tokens, mask = np.zeros(48, dtype=np.int64), np.ones(48, dtype=bool)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        builder.key(slots, tokens, mask)
+        times.append((time.perf_counter() - start) * 1e3)
+    blob = b''.join(bytes(f.data) for f in frames.values())
+    start = time.perf_counter()
+    for _ in range(20):
+        xxhash.xxh3_128(blob).digest()
+    seconds = (time.perf_counter() - start) / 20
+    return {'key_three_frames_ms': statistics.median(times), 'bytes': len(blob),
+            'xxh3_gb_per_s': len(blob) / seconds / 1e9}
+
+
+def entry_bytes(runtime: PolicyRuntime) -> Dict[str, int]:
+    """Measured bytes of one cached prefix against 2 x layers x kv_heads x head_dim x prefix_len x dtype bytes."""
+    config = runtime.config
+    observation = Observation(camera_frames(config.camera_names, seed=3), np.zeros(config.state_dim), INSTRUCTION)
+    runtime.cache.clear()
+    runtime.infer(observation, seed=0)
+    context = runtime.cache.get(runtime.prefix_key(observation))
+    element = context.kv.element_size()
+    return {'measured_kv': context.kv.numel() * element, 'measured_total': context.nbytes,
+            'analytic': config.kv_bytes_per_token(element) * config.prefix_len, 'prefix_len': config.prefix_len}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--presets', default='tiny,pi0_shallow',
+                        help='comma list of tiny, pi0_shallow, pi0 (full size: use a GPU)')
+    parser.add_argument('--depth', type=int, default=2, help='layers per tower for pi0_shallow')
+    parser.add_argument('--device', default='auto')
+    parser.add_argument('--dtype', default='auto')
+    parser.add_argument('--runs', type=int, default=5)
+    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument('--threads', type=int, default=0, help='torch CPU threads (0: torch default)')
+    parser.add_argument('--json', type=Path, help='also write the figures here')
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    report: Dict[str, object] = {'device': str(device), 'dtype': str(dtype).replace('torch.', ''),
+                                 'torch': torch.__version__, 'threads': torch.get_num_threads(),
+                                 'hash': bench_hash()}
+    hashing = report['hash']
+    print(f"device {device}, dtype {report['dtype']}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"key of three 640x480 rgb8 frames: median {hashing['key_three_frames_ms']:.3f} ms "
+          f"({hashing['bytes'] / 1e6:.2f} MB, xxh3-128 {hashing['xxh3_gb_per_s']:.1f} GB/s)")
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer = PromptTokenizer.from_path(build_test_tokenizer(Path(scratch)))
+        for name in [p.strip() for p in args.presets.split(',') if p.strip()]:
+            runtime = random_runtime(name, device, dtype, tokenizer, args.depth)
+            stages = bench_stages(runtime, args.runs, args.warmup)
+            sizes = entry_bytes(runtime)
+            ratio = stages['miss']['total'] / stages['hit']['total']
+            report[name] = {'stages_ms': stages, 'miss_over_hit': ratio, 'entry_bytes': sizes,
+                            'config': {'layers': runtime.config.language.depth, 'prefix_len': sizes['prefix_len'],
+                                       'cameras': len(runtime.config.camera_names),
+                                       'chunk': runtime.config.chunk_size, 'num_steps': runtime.num_steps}}
+            print(f'\n{name}: {runtime.config.language.depth} layers, prefix {sizes["prefix_len"]} tokens, '
+                  f'chunk {runtime.config.chunk_size}, {runtime.num_steps} steps, medians of {args.runs} runs')
+            print(f"  {'':6}" + ''.join(f'{stage:>12}' for stage in STAGES + ('total',)))
+            for kind in ('miss', 'hit'):
+                print(f'  {kind:6}' + ''.join(f'{stages[kind][stage]:>10.2f}ms' for stage in STAGES + ('total',)))
+            print(f'  miss / hit = {ratio:.2f}x')
+            print(f"  cache entry: {sizes['measured_kv']} bytes K/V (analytic {sizes['analytic']}), "
+                  f"{sizes['measured_total']} with the pad mask")
+            del runtime
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + '\n')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

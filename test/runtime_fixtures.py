@@ -1,0 +1,61 @@
+"""Shared fixtures and helpers for tests that load the tiny checkpoint.
+
+Import the fixtures into a test module (``from runtime_fixtures import tiny_checkpoint``)
+so pytest registers them there. The checkpoint folders are written once per session.
+"""
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import pytest
+import torch
+
+from vla_policy_node.policy.tiny_default import write_tiny_default
+from vla_policy_node.runtime import Observation, PolicyRuntime
+
+POLICY_TYPES = ('pi0', 'pi05')
+INSTRUCTION = 'pick up the red cube'
+CAMERAS = ('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb')
+
+
+@pytest.fixture(scope='module', autouse=True)
+def single_torch_thread():
+    """The tiny models gain nothing from intra-op threads, and on a busy 2-core machine
+    OpenMP threads that spin against other processes make a test many times slower.
+    Restored after the module, so nothing outside it is affected."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope='session')
+def tiny_checkpoints(tmp_path_factory) -> Dict[str, Path]:
+    """{'pi0': folder, 'pi05': folder}: the embedded tiny default, written through save_checkpoint."""
+    root = tmp_path_factory.mktemp('tiny_checkpoints')
+    return {kind: write_tiny_default(root / kind, kind) for kind in POLICY_TYPES}
+
+
+@pytest.fixture(params=POLICY_TYPES)
+def tiny_checkpoint(request, tiny_checkpoints) -> Path:
+    return tiny_checkpoints[request.param]
+
+
+@pytest.fixture
+def runtime(tiny_checkpoint) -> PolicyRuntime:
+    """A fresh fp32 CPU runtime (own empty cache) per test; loading the tiny folder takes milliseconds."""
+    return PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32')
+
+
+def rgb_image(seed: int, height: int = 24, width: int = 40) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+
+
+def state_vector(seed: int = 0, dim: int = 6) -> np.ndarray:
+    return np.random.default_rng(1000 + seed).normal(0.0, 0.3, size=dim)
+
+
+def make_observation(images=None, state=None, instruction=INSTRUCTION) -> Observation:
+    if images is None:
+        images = {CAMERAS[0]: rgb_image(1), CAMERAS[1]: rgb_image(2)}
+    return Observation(images=images, state=state_vector() if state is None else state, instruction=instruction)

@@ -1,0 +1,50 @@
+"""The ament_python layout that colcon and ros2 run rely on, checked without colcon."""
+import ast
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_package_xml_is_format_3_with_runtime_dependencies():
+    root = ET.parse(ROOT / 'package.xml').getroot()
+    assert root.get('format') == '3'
+    assert root.findtext('name') == 'vla_policy_node'
+    assert root.find('export/build_type').text == 'ament_python'
+    exec_deps = {e.text for e in root.findall('exec_depend')}
+    # Every ROS package the code imports must be declared for rosdep.
+    imported = set()
+    for path in (ROOT / 'vla_policy_node').rglob('*.py'):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and node.level == 0):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or '']
+                imported |= {n.split('.')[0] for n in names}
+    ros_roots = ('rclpy', 'rcl_interfaces', 'builtin_interfaces')
+    ros_packages = {n for n in imported if n.endswith('_msgs') or n in ros_roots}
+    assert ros_packages <= exec_deps, f'undeclared: {sorted(ros_packages - exec_deps)}'
+
+
+def test_setup_installs_marker_launch_config_and_console_scripts():
+    text = (ROOT / 'setup.py').read_text()
+    assert "'resource/' + package_name" in text
+    for folder in ('launch', 'config'):
+        assert f"'{folder}'" in text
+    scripts = set(re.findall(r"'(vla_policy_\w+) = ", text))
+    assert {'vla_policy_node', 'vla_policy_replay', 'vla_policy_play', 'vla_policy_make_bag'} <= scripts
+    assert (ROOT / 'resource' / 'vla_policy_node').is_file()
+    cfg = (ROOT / 'setup.cfg').read_text()
+    assert 'script_dir=$base/lib/vla_policy_node' in cfg
+    assert 'install_scripts=$base/lib/vla_policy_node' in cfg
+
+
+def test_torch_is_never_pinned_exactly():
+    text = (ROOT / 'setup.py').read_text()
+    assert not re.search(r"'torch\s*==", text), 'robots take torch from the vendor; use a range'
+
+
+def test_config_yaml_documents_every_parameter():
+    from vla_policy_node.ros.params import yaml_document
+
+    assert (ROOT / 'config' / 'vla_policy.yaml').read_text().splitlines() == yaml_document(), \
+        'config/vla_policy.yaml is stale: python -m vla_policy_node.ros.params --yaml > config/vla_policy.yaml'

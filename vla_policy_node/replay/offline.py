@@ -1,0 +1,245 @@
+"""Offline evaluation: a rosbag2 through the node's own tick path, on bag time.
+
+    vla_policy_replay BAG --params config/demo.yaml [--checkpoint DIR] --output OUT [--seed N]
+
+Messages are fed to the same InputBuffer the node's callbacks fill; control
+ticks run at ``control_rate_hz`` on bag time through the same TickEngine
+(assembly checks, runtime, trajectory building). Outputs in OUT/:
+  trajectories/   rosbag2 with the JointTrajectory messages, stamped in bag time
+  summary.json    ticks, skips by reason, cache figures, latency p50/p95/max,
+                  per-joint error against a recorded command topic when present
+  chunks.png      predicted chunks over recorded joint positions, per joint
+  latency.png     latency per tick, cache hits and misses marked
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..observation import InputBuffer
+from ..policy.checkpoint import CheckpointError
+from ..policy.tiny_default import builtin_tiny_checkpoint
+from ..policy.tokenizer import TokenizerError
+from ..ros.params import BUILTIN_TINY, DEFAULT_TRAJECTORY_TOPIC
+from ..runtime import PolicyRuntime, set_cpu_threads
+from ..settings import SettingsError, camera_layout, load_params_file, resolve_values, tick_settings
+from ..tick import TickEngine, TickOutcome, TickSettings, check_settings_against_model
+from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
+from .report import write_report
+from .rosbags_msgs import joint_trajectory
+
+NS_PER_SEC = 1_000_000_000
+JOINT_STATE_TYPE = 'sensor_msgs/msg/JointState'
+TRAJECTORY_TYPE = 'trajectory_msgs/msg/JointTrajectory'
+DEFAULT_COMMAND_TOPIC = '/joint_command'
+CAMERA_MSG_TYPES = {'raw': 'sensor_msgs/msg/Image', 'compressed': 'sensor_msgs/msg/CompressedImage'}
+
+
+class ReplayError(RuntimeError):
+    """A replay that cannot run; the message says what to fix."""
+
+
+@dataclass
+class TickRecord:
+    """What one control tick did, for the report."""
+
+    time_ns: int
+    skipped: Optional[str] = None
+    cache_hit: Optional[bool] = None
+    timings_ms: Dict[str, float] = field(default_factory=dict)
+    plan_start_ns: int = 0
+    plan_times_sec: Optional[np.ndarray] = None
+    plan_positions: Optional[np.ndarray] = None
+
+
+@dataclass
+class ReplayResult:
+    output: Path
+    records: List[TickRecord]
+    joint_names: Sequence[str]
+    recorded_times_ns: np.ndarray          # joint-state times
+    recorded_positions: np.ndarray         # [T, J] in joint_names order (NaN where absent)
+    command_times_ns: np.ndarray
+    command_positions: np.ndarray
+    summary: Dict[str, Any]
+
+
+def _positions_in_order(msg: Any, names: Sequence[str]) -> np.ndarray:
+    index = {name: i for i, name in enumerate(msg.name)}
+    positions = np.asarray(msg.position, dtype=np.float64)
+    return np.array([positions[index[n]] if n in index and index[n] < positions.size else np.nan for n in names])
+
+
+class OfflineReplay:
+    """Walks a bag in time order and runs the node's ticks on bag time."""
+
+    def __init__(self, runtime: PolicyRuntime, values: Mapping[str, Any]) -> None:
+        self.runtime = runtime
+        self.values = dict(values)
+        cameras = camera_layout(self.values, runtime.config.camera_names)
+        self.camera_kinds = {topic: kind for topic, kind in cameras.values()}
+        self.camera_by_topic = {topic: name for name, (topic, _) in cameras.items()}
+        self.settings: TickSettings = tick_settings(self.values, {name: t for name, (t, _) in cameras.items()})
+        try:
+            check_settings_against_model(self.settings, runtime.config)
+        except ValueError as exc:
+            raise ReplayError(f'the params file does not fit the checkpoint: {exc}') from exc
+        self.period_ns = int(round(NS_PER_SEC / float(self.values['control_rate_hz'])))
+        self.buffer = InputBuffer()
+        self.engine = TickEngine(runtime)
+
+    def required_topics(self) -> Dict[str, Optional[str]]:
+        topics: Dict[str, Optional[str]] = {topic: CAMERA_MSG_TYPES[kind] for topic, kind in self.camera_kinds.items()}
+        topics[self.settings.assembly.joint_states_topic] = JOINT_STATE_TYPE
+        return topics
+
+    def _feed(self, topic: str, msg: Any, time_ns: int) -> None:
+        if topic in self.camera_by_topic:
+            self.buffer.put_camera(self.camera_by_topic[topic], msg, time_ns)
+        elif topic == self.settings.assembly.joint_states_topic:
+            self.buffer.put_joint_state(msg, time_ns)
+        elif topic == self.settings.assembly.instruction_topic:
+            self.buffer.put_instruction(msg.data, time_ns)
+
+    def _tick(self, time_ns: int, writer: BagWriter, topic: str) -> TickRecord:
+        outcome: TickOutcome = self.engine.run(self.buffer, self.settings, time_ns)
+        record = TickRecord(time_ns=time_ns)
+        if outcome.skip is not None:
+            record.skipped = outcome.skip.reason
+            return record
+        record.cache_hit = outcome.chunk.cache_hit
+        record.timings_ms = dict(outcome.chunk.timings_ms)
+        plan = outcome.plan
+        record.plan_start_ns = plan.stamp_ns or time_ns
+        record.plan_times_sec = plan.times_sec
+        record.plan_positions = plan.positions
+        if not self.values['dry_run']:
+            writer.write(topic, time_ns, joint_trajectory(plan))
+            self.engine.stats.record_published()
+        return record
+
+    def run(self, bag: Path, output: Path, command_topic: Optional[str] = None,
+            progress: bool = True) -> ReplayResult:
+        topics = require_topics(bag, self.required_topics())
+        names = self.settings.joint_names
+        state_topic = self.settings.assembly.joint_states_topic
+        if command_topic and command_topic not in topics:
+            raise BagError(f'command topic {command_topic} is not in the bag')
+        wanted = set(self.camera_by_topic) | {state_topic}
+        if self.settings.assembly.instruction_topic in topics:
+            wanted.add(self.settings.assembly.instruction_topic)
+        if command_topic:
+            wanted.add(command_topic)
+        output.mkdir(parents=True, exist_ok=True)
+        trajectory_topic = self.values['trajectory_topic'] or DEFAULT_TRAJECTORY_TOPIC
+        records: List[TickRecord] = []
+        recorded_t, recorded_p, command_t, command_p = [], [], [], []
+        messages = read_messages(bag, sorted(wanted))
+        with BagWriter(output / 'trajectories', storage=storage_of(bag)) as writer:
+            writer.add_topic(trajectory_topic, TRAJECTORY_TYPE)
+            next_tick: Optional[int] = None
+            for message in _progress(messages, progress, bag):
+                if next_tick is None:
+                    next_tick = message.timestamp_ns + self.period_ns
+                # Ticks due before this message see the inputs received so far, as on the robot.
+                while next_tick <= message.timestamp_ns:
+                    records.append(self._tick(next_tick, writer, trajectory_topic))
+                    next_tick += self.period_ns
+                msg = message.msg
+                self._feed(message.topic, msg, message.timestamp_ns)
+                if message.topic == state_topic:
+                    recorded_t.append(message.timestamp_ns)
+                    recorded_p.append(_positions_in_order(msg, names))
+                elif message.topic == command_topic:
+                    command_t.append(message.timestamp_ns)
+                    command_p.append(_positions_in_order(msg, names))
+        result = ReplayResult(output=output, records=records, joint_names=names,
+                              recorded_times_ns=np.asarray(recorded_t, dtype=np.int64),
+                              recorded_positions=np.asarray(recorded_p).reshape(-1, len(names)),
+                              command_times_ns=np.asarray(command_t, dtype=np.int64),
+                              command_positions=np.asarray(command_p).reshape(-1, len(names)), summary={})
+        result.summary = write_report(result, self.engine.stats, self.runtime, bag=bag, values=self.values,
+                                      command_topic=command_topic)
+        return result
+
+
+def _progress(messages, enabled: bool, bag: Path):
+    if not enabled:
+        return messages
+    from tqdm import tqdm
+    return tqdm(messages, desc=f'replaying {Path(bag).name}', unit='msg', file=sys.stderr)
+
+
+def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
+    checkpoint = values['checkpoint_path']
+    path = builtin_tiny_checkpoint() if checkpoint == BUILTIN_TINY else Path(checkpoint)
+    return PolicyRuntime.from_pretrained(path, device=values['device'], dtype=values['dtype'],
+                                         tokenizer_path=values['tokenizer_path'] or None,
+                                         cache_max_bytes=values['cache_max_bytes'],
+                                         cache_max_entries=values['cache_max_entries'])
+
+
+def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional[str] = None,
+           seed: Optional[int] = None, command_topic: Optional[str] = DEFAULT_COMMAND_TOPIC,
+           progress: bool = False, overrides: Optional[Mapping[str, Any]] = None) -> ReplayResult:
+    """Library entry point (the CLI and tests call this)."""
+    if not (Path(bag) / 'metadata.yaml').exists():
+        raise BagError(f'no rosbag2 bag at {bag} (expected a folder with metadata.yaml)')
+    raw = load_params_file(params) if params else {}
+    raw.update(overrides or {})
+    if checkpoint:
+        raw['checkpoint_path'] = checkpoint
+    if seed is not None:
+        raw['seed'] = seed
+    values = resolve_values(raw)
+    if values['seed'] < 0:
+        values['seed'] = 0  # a replay is deterministic by default
+    if not values['joint_names']:
+        raise ReplayError('joint_names is not set in the params file')
+    set_cpu_threads(values['cpu_threads'])
+    runtime = load_runtime(values)
+    if values['warmup']:
+        runtime.warmup()  # as the node does in configure, so tick latencies compare
+    topics = bag_topics(bag)
+    command = command_topic if command_topic and command_topic in topics else None
+    return OfflineReplay(runtime, values).run(Path(bag), Path(output), command_topic=command, progress=progress)
+
+
+def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog='vla_policy_replay', description=__doc__.split('\n\n')[0])
+    parser.add_argument('bag', type=Path, help='rosbag2 folder (sqlite3 or mcap)')
+    parser.add_argument('--params', type=Path, help="the node's params YAML (same file as for the robot)")
+    parser.add_argument('--checkpoint', help='overrides checkpoint_path from the params file')
+    parser.add_argument('--output', type=Path, required=True, help='folder for the report (created)')
+    parser.add_argument('--seed', type=int, help='noise seed (default: params seed, else 0)')
+    parser.add_argument('--command-topic', default=DEFAULT_COMMAND_TOPIC,
+                        help='recorded command topic (sensor_msgs/JointState) to compare against, if in the bag')
+    parser.add_argument('--no-progress', action='store_true', help='no progress bar')
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse_args(argv)
+    try:
+        result = replay(args.bag, args.params, args.output, checkpoint=args.checkpoint, seed=args.seed,
+                        command_topic=args.command_topic, progress=not args.no_progress)
+    except (BagError, ReplayError, SettingsError, CheckpointError, TokenizerError) as exc:
+        print(f'vla_policy_replay: error: {exc}', file=sys.stderr)
+        return 2
+    summary = result.summary
+    print(f"ticks {summary['ticks']}, published {summary['published']}, skipped {summary['skipped_total']} "
+          f"{summary['skipped']}, cache hits {summary['cache']['hits']} / misses {summary['cache']['misses']}")
+    total = summary['latency_ms'].get('total')
+    if total:
+        print(f"latency p50 {total['p50']:.1f} ms, p95 {total['p95']:.1f} ms, max {total['max']:.1f} ms")
+    print(f'report in {result.output}: summary.json, chunks.png, latency.png, trajectories/')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

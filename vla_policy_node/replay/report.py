@@ -1,0 +1,140 @@
+"""Replay report: summary.json and the two plots."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from ..runtime import PolicyRuntime
+from ..tick import TickStats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .offline import ReplayResult
+
+NS_PER_SEC = 1_000_000_000
+
+
+def command_error(result: 'ReplayResult') -> Optional[Dict[str, Dict[str, float]]]:
+    """Per joint: predicted positions against the recorded command at the same instants.
+
+    Each published point i of a chunk is due at plan_start + time_from_start[i];
+    the recorded command is linearly interpolated there. Points outside the
+    recorded span are left out.
+    """
+    if result.command_times_ns.size < 2:
+        return None
+    times = result.command_times_ns.astype(np.float64)
+    errors = []
+    for record in result.records:
+        if record.plan_positions is None:
+            continue
+        due = record.plan_start_ns + record.plan_times_sec * NS_PER_SEC
+        inside = (due >= times[0]) & (due <= times[-1])
+        if not inside.any():
+            continue
+        recorded = np.stack([np.interp(due[inside], times, result.command_positions[:, j])
+                             for j in range(len(result.joint_names))], axis=1)
+        errors.append(record.plan_positions[inside] - recorded)
+    if not errors:
+        return None
+    stacked = np.concatenate(errors)
+    return {name: {'mae': float(np.nanmean(np.abs(stacked[:, j]))),
+                   'rmse': float(np.sqrt(np.nanmean(stacked[:, j] ** 2))), 'points': int(stacked.shape[0])}
+            for j, name in enumerate(result.joint_names)}
+
+
+def summarize(result: 'ReplayResult', stats: TickStats, runtime: PolicyRuntime, bag: Path,
+              values: Mapping[str, Any], command_topic: Optional[str]) -> Dict[str, Any]:
+    cache = runtime.cache.stats()
+    skipped = dict(sorted(stats.skipped.items()))
+    return {
+        'bag': str(bag),
+        'checkpoint': str(values['checkpoint_path']),
+        'model_revision': runtime.model_revision,
+        'policy_type': runtime.config.policy_type,
+        'device': str(runtime.device),
+        'dtype': str(runtime.dtype).replace('torch.', ''),
+        'seed': values['seed'],
+        'control_rate_hz': values['control_rate_hz'],
+        'ticks': stats.ticks,
+        'chunks': stats.chunks,
+        'published': stats.published,
+        'skipped_total': sum(skipped.values()),
+        'skipped': skipped,
+        'clipped': stats.clipped,
+        'cache': {'hits': stats.cache_hits, 'misses': stats.cache_misses,
+                  'hit_rate': stats.cache_hits / stats.chunks if stats.chunks else 0.0,
+                  'entries': cache.entries, 'bytes': cache.bytes, 'evictions': cache.evictions,
+                  'rejected_oversize': cache.rejected_oversize},
+        'latency_ms': stats.latency_summary(),
+        'command_topic': command_topic,
+        'command_error': command_error(result),
+    }
+
+
+def plot_chunks(result: 'ReplayResult', path: Path) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    joints = len(result.joint_names)
+    start = _start_ns(result)
+    fig, axes = plt.subplots(joints, 1, figsize=(10, 1.8 * joints + 1), sharex=True, squeeze=False)
+    for j, (axis, name) in enumerate(zip(axes[:, 0], result.joint_names)):
+        if result.recorded_times_ns.size:
+            axis.plot((result.recorded_times_ns - start) / NS_PER_SEC, result.recorded_positions[:, j],
+                      color='black', linewidth=1.2, label='recorded joint state')
+        if result.command_times_ns.size:
+            axis.plot((result.command_times_ns - start) / NS_PER_SEC, result.command_positions[:, j],
+                      color='grey', linestyle='--', linewidth=1.0, label='recorded command')
+        for k, record in enumerate(r for r in result.records if r.plan_positions is not None):
+            due = (record.plan_start_ns - start) / NS_PER_SEC + record.plan_times_sec
+            axis.plot(due, record.plan_positions[:, j], color='tab:blue', alpha=0.5, linewidth=0.9,
+                      label='predicted chunks' if k == 0 else None)
+        axis.set_ylabel(f'{name}\n[rad]')
+    axes[0, 0].legend(loc='upper right', fontsize='small')
+    axes[-1, 0].set_xlabel('bag time [s]')
+    fig.suptitle('predicted action chunks vs recorded joints')
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_latency(result: 'ReplayResult', path: Path) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    start = _start_ns(result)
+    fig, axis = plt.subplots(figsize=(10, 3.5))
+    for hit, color, label in ((False, 'tab:red', 'cache miss'), (True, 'tab:green', 'cache hit')):
+        chosen = [r for r in result.records if r.cache_hit is hit]
+        axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in chosen],
+                     [sum(r.timings_ms.values()) for r in chosen], s=14, color=color, label=label)
+    skipped = [r for r in result.records if r.skipped]
+    if skipped:
+        axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in skipped], [0.0] * len(skipped), marker='x',
+                     color='grey', label='skipped tick')
+    axis.set_xlabel('bag time [s]')
+    axis.set_ylabel('latency per tick [ms]')
+    axis.legend(loc='upper right', fontsize='small')
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _start_ns(result: 'ReplayResult') -> int:
+    candidates = [a[0] for a in (result.recorded_times_ns, result.command_times_ns) if a.size]
+    candidates += [r.time_ns for r in result.records[:1]]
+    return int(min(candidates)) if candidates else 0
+
+
+def write_report(result: 'ReplayResult', stats: TickStats, runtime: PolicyRuntime, bag: Path,
+                 values: Mapping[str, Any], command_topic: Optional[str]) -> Dict[str, Any]:
+    summary = summarize(result, stats, runtime, bag, values, command_topic)
+    (result.output / 'summary.json').write_text(json.dumps(summary, indent=2) + '\n')
+    plot_chunks(result, result.output / 'chunks.png')
+    plot_latency(result, result.output / 'latency.png')
+    return summary
