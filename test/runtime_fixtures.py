@@ -8,7 +8,6 @@ from typing import Dict
 
 import numpy as np
 import pytest
-import torch
 
 from vla_policy_node.policy.tiny_default import write_tiny_default
 from vla_policy_node.runtime import Observation, PolicyRuntime
@@ -16,17 +15,6 @@ from vla_policy_node.runtime import Observation, PolicyRuntime
 POLICY_TYPES = ('pi0', 'pi05')
 INSTRUCTION = 'pick up the red cube'
 CAMERAS = ('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb')
-
-
-@pytest.fixture(scope='module', autouse=True)
-def single_torch_thread():
-    """The tiny models gain nothing from intra-op threads, and on a busy 2-core machine
-    OpenMP threads that spin against other processes make a test many times slower.
-    Restored after the module, so nothing outside it is affected."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope='session')
