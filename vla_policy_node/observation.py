@@ -14,7 +14,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .images import Frame, ImageDecodeError, frame_from_msg
+from .images import Frame, ImageDecodeError, check_frame, frame_from_msg
 from .runtime import Observation
 
 NS_PER_SEC = 1_000_000_000
@@ -86,6 +86,7 @@ class InputBuffer:
     def put_camera(self, name: str, msg: object, receive_ns: int) -> None:
         try:
             frame: Optional[Frame] = frame_from_msg(msg)
+            check_frame(frame)  # cheap (no decoding): a malformed frame is reported as bad_image on its topic
             fault = ''
         except ImageDecodeError as exc:
             frame, fault = None, str(exc)

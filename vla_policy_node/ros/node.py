@@ -282,7 +282,8 @@ class VlaPolicyNode(LifecycleNode):
         if skip.reason == 'waiting_for_clock':
             self.stats.record(TickOutcome(now_ns=0, skip=skip))
         if self._reporter.should_report(f'{skip.reason}:{skip.topic}'):
-            self.get_logger().warning(f'tick skipped [{skip.reason}]: {skip}')
+            where = f' on {skip.topic}' if skip.topic else ''
+            self.get_logger().warning(f'tick skipped [{skip.reason}]{where}: {skip}')
 
     # ---- diagnostics ---------------------------------------------------------------------
     def _publish_diagnostics(self) -> None:

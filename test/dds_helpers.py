@@ -1,0 +1,581 @@
+"""Helpers for the DDS integration tests: the node as a subprocess, and an in-process test rig.
+
+* ``NodeProcess`` starts ``vla_policy_node`` (console script, or ``python -m``) with a params
+  file written to a tmp folder, on an isolated domain, logging to a file.
+* ``TestRig`` is an rclpy node in its own Context: it streams cameras / joint states /
+  instruction (and optionally /clock), records trajectories and /diagnostics, and talks to
+  the node's parameter and lifecycle services.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import yaml
+
+import rclpy
+from builtin_interfaces.msg import Time as TimeMsg
+from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rcl_interfaces.srv import GetParameters, SetParameters
+from rclpy.context import Context
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter, parameter_value_to_python
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+
+from vla_policy_node.trajectory import check_controller_rules
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NODE_NAME = 'vla_policy'
+NS = 1_000_000_000
+JOINTS = ['joint_1', 'joint_2', 'joint_3', 'joint_4', 'joint_5', 'joint_6']
+CAMERAS = ('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb')
+TRAJECTORY_TOPIC = '/joint_trajectory_controller/joint_trajectory'
+JOINT_STATES_TOPIC = '/joint_states'
+INSTRUCTION_TOPIC = '/instruction'
+INSTRUCTION = 'pick up the red block'
+FRAME_SHAPE = (48, 64)           # height, width of the frames the rig publishes
+
+TRANSITIONS = {'configure': Transition.TRANSITION_CONFIGURE, 'cleanup': Transition.TRANSITION_CLEANUP,
+               'activate': Transition.TRANSITION_ACTIVATE, 'deactivate': Transition.TRANSITION_DEACTIVATE}
+
+
+def camera_topic(name: str) -> str:
+    return f'/cameras/{name}/image_raw'
+
+
+# ---- isolation ---------------------------------------------------------------------------------
+def pick_domain_id() -> int:
+    """A random domain in 100..230, different from whatever the environment already holds."""
+    taken = os.environ.get('ROS_DOMAIN_ID')
+    while True:
+        domain = random.randint(100, 230)
+        if str(domain) != taken:
+            return domain
+
+
+def isolate(domain_id: int) -> None:
+    """Export the domain (and localhost-only discovery) for this process and its children."""
+    os.environ['ROS_DOMAIN_ID'] = str(domain_id)
+    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
+
+
+def ros_env(domain_id: int, log_dir: Path) -> Dict[str, str]:
+    """Environment for a node subprocess: explicit domain (several test modules share os.environ)."""
+    env = dict(os.environ)
+    env['ROS_DOMAIN_ID'] = str(domain_id)
+    env['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
+    env['PYTHONPATH'] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get('PYTHONPATH', '')] if p])
+    env['PYTHONUNBUFFERED'] = '1'
+    env['RCUTILS_LOGGING_BUFFERED_STREAM'] = '0'
+    env['RCUTILS_COLORIZED_OUTPUT'] = '0'
+    env['ROS_LOG_DIR'] = str(log_dir)
+    # Small CI machines (2 cores here): torch's spinning OpenMP workers competing with the rig's
+    # publisher threads make inference 20x slower; one intra-op thread keeps ticks at ~40 ms.
+    env.setdefault('OMP_NUM_THREADS', '1')
+    return env
+
+
+# ---- params ------------------------------------------------------------------------------------
+def base_params(checkpoint: Path, **overrides) -> Dict[str, object]:
+    params: Dict[str, object] = {
+        'checkpoint_path': str(checkpoint), 'joint_names': list(JOINTS), 'instruction': INSTRUCTION,
+        'control_rate_hz': 10.0, 'action_period_sec': 0.1, 'seed': 0, 'diagnostics_period_sec': 0.25,
+    }
+    params.update(overrides)
+    return params
+
+
+def write_params(path: Path, params: Dict[str, object], node_name: str = NODE_NAME) -> Path:
+    """A ROS 2 params file; ``/**`` so it applies whatever the namespace."""
+    del node_name  # the wildcard covers it
+    path.write_text(yaml.safe_dump({'/**': {'ros__parameters': params}}, default_flow_style=None))
+    return path
+
+
+def node_command() -> List[str]:
+    """Prefer the installed console script; fall back to the module (package not installed)."""
+    exe = shutil.which('vla_policy_node')
+    return [exe] if exe else [sys.executable, '-m', 'vla_policy_node.ros.node']
+
+
+# ---- the node subprocess -----------------------------------------------------------------------
+class NodeProcess:
+    """``vla_policy_node --ros-args --params-file FILE`` with stdout+stderr in ``log_path``."""
+
+    def __init__(self, workdir: Path, params: Dict[str, object], domain_id: int,
+                 extra_ros_args: Sequence[str] = ()) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.params_path = write_params(self.workdir / 'params.yaml', params)
+        self.log_path = self.workdir / 'node.log'
+        self.domain_id = domain_id
+        self.command = node_command() + ['--ros-args', '--params-file', str(self.params_path),
+                                         *extra_ros_args]
+        self.proc: Optional[subprocess.Popen] = None
+        self._log_file = None
+
+    def start(self) -> 'NodeProcess':
+        self._log_file = open(self.log_path, 'wb')
+        self.proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                     env=ros_env(self.domain_id, self.workdir / 'ros_log'),
+                                     cwd=str(self.workdir), start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors='replace')
+        except FileNotFoundError:
+            return ''
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_text()[-chars:]
+
+    def wait_for_log(self, predicate: Callable[[str], bool], timeout: float = 3.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(predicate(line) for line in self.log_text().splitlines()):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def wait_for_state(self, rig: 'TestRig', label: str, timeout: float = 60.0) -> None:
+        """Poll ``/vla_policy/get_state`` until the lifecycle state is ``label``."""
+        deadline = time.monotonic() + timeout
+        state = None
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise AssertionError(f'node exited with {self.proc.returncode}:\n{self.log_tail()}')
+            state = rig.get_state(timeout=1.0)
+            if state == label:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f'node state {state!r} after {timeout} s, expected {label!r}:\n{self.log_tail()}')
+
+    def stop(self) -> None:
+        """SIGINT, then SIGKILL; always closes the log."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def print_log(self, title: str = 'node log') -> None:
+        """Printed in fixture teardown: pytest shows it only for failing tests."""
+        print(f'----- {title} ({self.log_path}) -----\n{self.log_text()}')
+
+
+# ---- JTC rules -----------------------------------------------------------------------------------
+def duration_sec(duration) -> float:
+    return duration.sec + duration.nanosec / NS
+
+
+def stamp_ns(stamp) -> int:
+    return int(stamp.sec) * NS + int(stamp.nanosec)
+
+
+def times_of(msg: JointTrajectory) -> List[float]:
+    return [duration_sec(p.time_from_start) for p in msg.points]
+
+
+def positions_of(msg: JointTrajectory) -> np.ndarray:
+    return np.array([list(p.positions) for p in msg.points], dtype=np.float64)
+
+
+def check_jtc(msg: JointTrajectory, joint_names: Sequence[str] = JOINTS, points: Optional[int] = None,
+              zero_stamp: Optional[bool] = None) -> None:
+    """What joint_trajectory_controller's validate_trajectory_msg checks, plus header sanity."""
+    assert list(msg.joint_names) == list(joint_names)
+    check_controller_rules(list(msg.joint_names), times_of(msg), [list(p.positions) for p in msg.points],
+                           [list(p.velocities) for p in msg.points])
+    for point in msg.points:
+        assert len(point.velocities) == len(joint_names), 'velocities must be filled (cubic interpolation)'
+        assert len(point.accelerations) in (0, len(joint_names))
+        assert len(point.effort) == 0, 'no effort command interface'
+        assert 0 <= point.time_from_start.nanosec < NS
+    assert list(msg.points[-1].velocities) == [0.0] * len(joint_names)
+    if points is not None:
+        assert len(msg.points) == points
+    assert 0 <= msg.header.stamp.nanosec < NS
+    if zero_stamp is True:
+        assert stamp_ns(msg.header.stamp) == 0
+    elif zero_stamp is False:
+        assert stamp_ns(msg.header.stamp) > 0
+
+
+# ---- frames ------------------------------------------------------------------------------------
+def make_frame(seed: int, shape=FRAME_SHAPE) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(*shape, 3), dtype=np.uint8)
+
+
+def image_msg(frame: np.ndarray, stamp: TimeMsg, frame_id: str = '') -> Image:
+    msg = Image()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.height, msg.width = int(frame.shape[0]), int(frame.shape[1])
+    msg.encoding = 'rgb8'
+    msg.is_bigendian = 0
+    msg.step = int(frame.shape[1]) * 3
+    msg.data = frame.tobytes()
+    return msg
+
+
+def time_msg(ns: int) -> TimeMsg:
+    return TimeMsg(sec=int(ns // NS), nanosec=int(ns % NS))
+
+
+# ---- the in-process rig ---------------------------------------------------------------------------
+class TestRig:
+    """Publishes the node's inputs, records its outputs, calls its services.
+
+    Inputs are streamed by a background thread at ``stream_hz`` from mutable state:
+    ``frames`` (camera -> RGB array), ``camera_overrides`` (camera -> fn(stamp) -> message to send
+    instead), ``paused_cameras``, ``joint_names`` / ``joint_positions``, ``instruction``.
+    """
+
+    __test__ = False   # not a pytest class
+
+    def __init__(self, domain_id: int, name: str = 'test_rig', node_name: str = NODE_NAME,
+                 trajectory_topic: str = TRAJECTORY_TOPIC, cameras: Sequence[str] = CAMERAS,
+                 stream_hz: float = 20.0) -> None:
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        self.node = Node(name, context=self.context)
+        self.cameras = tuple(cameras)
+        self.stream_period = 1.0 / stream_hz
+        reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self._camera_pubs = {c: self.node.create_publisher(Image, camera_topic(c), reliable) for c in cameras}
+        self._compressed_pubs: Dict[str, object] = {}
+        self._joint_pub = self.node.create_publisher(JointState, JOINT_STATES_TOPIC, reliable)
+        self._instruction_pub = self.node.create_publisher(
+            String, INSTRUCTION_TOPIC, QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
+        self._clock_pub = self.node.create_publisher(Clock, '/clock', reliable)
+        self._lock = threading.Condition()
+        self.trajectories: List[JointTrajectory] = []
+        self.trajectory_times: List[float] = []
+        self.diagnostics: List[DiagnosticArray] = []
+        self.node.create_subscription(JointTrajectory, trajectory_topic, self._on_trajectory,
+                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, 50)
+        self._get_state = self.node.create_client(GetState, f'/{node_name}/get_state')
+        self._change_state = self.node.create_client(ChangeState, f'/{node_name}/change_state')
+        self._set_params = self.node.create_client(SetParameters, f'/{node_name}/set_parameters')
+        self._get_params = self.node.create_client(GetParameters, f'/{node_name}/get_parameters')
+        self.executor = MultiThreadedExecutor(num_threads=3, context=self.context)
+        self.executor.add_node(self.node)
+        self._spin_thread = threading.Thread(target=self._spin, daemon=True)
+        self._spin_thread.start()
+        # streamed inputs
+        self.reset_inputs()
+        self._stream_thread: Optional[threading.Thread] = None
+        self._stream_stop = threading.Event()
+        self.published_stamps: List[int] = []
+        # simulated clock
+        self._clock_thread: Optional[threading.Thread] = None
+        self._clock_stop = threading.Event()
+        self._sim_start_ns: Optional[int] = None
+        self._sim_wall0 = 0.0
+        self.frozen_stamp_ns: Optional[int] = None   # stamp images with this (sim time before /clock)
+
+    def _spin(self) -> None:
+        try:
+            self.executor.spin()
+        except Exception:   # context shut down during teardown
+            pass
+
+    # ---- inputs --------------------------------------------------------------------------------
+    def reset_inputs(self) -> None:
+        with self._lock:
+            self.frames = {c: make_frame(i) for i, c in enumerate(self.cameras)}
+            self.camera_overrides: Dict[str, Callable[[TimeMsg], object]] = {}
+            self.paused_cameras: set = set()
+            self.joint_names: List[str] = list(JOINTS)
+            self.joint_positions: List[float] = [0.1, -0.2, 0.3, -0.1, 0.2, 0.0]
+            self.instruction: Optional[str] = INSTRUCTION
+
+    def set_inputs(self, **fields) -> None:
+        with self._lock:
+            for key, value in fields.items():
+                if not hasattr(self, key):
+                    raise AttributeError(key)
+                setattr(self, key, value)
+
+    def now_ns(self) -> int:
+        """The stamp for inputs: sim time when the rig drives /clock, else the rig's clock."""
+        if self._sim_start_ns is not None:
+            return self._sim_start_ns + int((time.monotonic() - self._sim_wall0) * NS)
+        if self.frozen_stamp_ns is not None:
+            return self.frozen_stamp_ns
+        return self.node.get_clock().now().nanoseconds
+
+    def sim_ns_at(self, monotonic: float) -> int:
+        """The sim time the rig's /clock showed at ``monotonic`` (while the clock runs)."""
+        assert self._sim_start_ns is not None, 'the rig is not driving /clock'
+        return self._sim_start_ns + int((monotonic - self._sim_wall0) * NS)
+
+    def publish_frame(self, camera: str, frame: np.ndarray, stamp: Optional[TimeMsg] = None) -> None:
+        self._camera_pubs[camera].publish(image_msg(frame, stamp or time_msg(self.now_ns()), camera))
+
+    def publish_raw(self, camera: str, **fields) -> Image:
+        """An Image with arbitrary fields (defaults: a valid rgb8 frame stamped now)."""
+        msg = image_msg(self.frames[camera], time_msg(self.now_ns()), camera)
+        for key, value in fields.items():
+            setattr(msg, key, value)
+        self._camera_pubs[camera].publish(msg)
+        return msg
+
+    def publish_compressed(self, topic: str, data: bytes, fmt: str = 'jpeg',
+                           stamp: Optional[TimeMsg] = None) -> None:
+        if topic not in self._compressed_pubs:
+            self._compressed_pubs[topic] = self.node.create_publisher(
+                CompressedImage, topic, QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        msg = CompressedImage(format=fmt, data=bytes(data))
+        msg.header.stamp = stamp or time_msg(self.now_ns())
+        self._compressed_pubs[topic].publish(msg)
+
+    def publish_joint_state(self, names: Sequence[str], positions: Sequence[float],
+                            stamp: Optional[TimeMsg] = None) -> None:
+        msg = JointState(name=list(names), position=[float(p) for p in positions])
+        msg.header.stamp = stamp or time_msg(self.now_ns())
+        self._joint_pub.publish(msg)
+
+    def publish_instruction(self, text: str) -> None:
+        self._instruction_pub.publish(String(data=text))
+
+    def publish_once(self) -> None:
+        with self._lock:
+            frames = dict(self.frames)
+            overrides = dict(self.camera_overrides)
+            paused = set(self.paused_cameras)
+            names, positions = list(self.joint_names), list(self.joint_positions)
+            instruction = self.instruction
+        now = self.now_ns()
+        stamp = time_msg(now)
+        for camera in self.cameras:
+            if camera in paused:
+                continue
+            if camera in overrides:
+                self._camera_pubs[camera].publish(overrides[camera](stamp))
+            else:
+                self.publish_frame(camera, frames[camera], stamp)
+        self.published_stamps.append(now)
+        self.publish_joint_state(names, positions, stamp)
+        if instruction is not None:
+            self.publish_instruction(instruction)
+
+    def start_streaming(self) -> None:
+        if self._stream_thread is not None:
+            return
+        self._stream_stop.clear()
+
+        def loop() -> None:
+            while not self._stream_stop.is_set() and self.context.ok():
+                try:
+                    self.publish_once()
+                except Exception:   # context shut down under us
+                    return
+                self._stream_stop.wait(self.stream_period)
+
+        self._stream_thread = threading.Thread(target=loop, daemon=True)
+        self._stream_thread.start()
+
+    def stop_streaming(self) -> None:
+        self._stream_stop.set()
+        if self._stream_thread is not None:
+            self._stream_thread.join(timeout=2)
+        self._stream_thread = None
+
+    # ---- /clock --------------------------------------------------------------------------------
+    def start_clock(self, start_ns: int, period_sec: float = 0.01) -> None:
+        """Publish /clock from ``start_ns``, advancing with wall time (10 ms per 10 ms)."""
+        self._sim_start_ns, self._sim_wall0 = start_ns, time.monotonic()
+        self._clock_stop.clear()
+
+        def loop() -> None:
+            while not self._clock_stop.is_set() and self.context.ok():
+                msg = Clock()
+                msg.clock = time_msg(self.now_ns())
+                try:
+                    self._clock_pub.publish(msg)
+                except Exception:
+                    return
+                self._clock_stop.wait(period_sec)
+
+        self._clock_thread = threading.Thread(target=loop, daemon=True)
+        self._clock_thread.start()
+
+    def stop_clock(self) -> None:
+        self._clock_stop.set()
+        if self._clock_thread is not None:
+            self._clock_thread.join(timeout=2)
+        self._clock_thread = None
+        self._sim_start_ns = None
+
+    # ---- outputs -------------------------------------------------------------------------------
+    def _on_trajectory(self, msg: JointTrajectory) -> None:
+        with self._lock:
+            self.trajectories.append(msg)
+            self.trajectory_times.append(time.monotonic())
+            self._lock.notify_all()
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        if not any(status.name.startswith(NODE_NAME) for status in msg.status):
+            return
+        with self._lock:
+            self.diagnostics.append(msg)
+            del self.diagnostics[:-200]
+            self._lock.notify_all()
+
+    def clear(self) -> None:
+        with self._lock:
+            self.trajectories.clear()
+            self.trajectory_times.clear()
+            self.diagnostics.clear()
+
+    def trajectory_count(self) -> int:
+        with self._lock:
+            return len(self.trajectories)
+
+    def wait_for_trajectories(self, count: int, timeout: float, since: int = 0) -> List[JointTrajectory]:
+        """At least ``count`` trajectories received after index ``since``; AssertionError on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(self.trajectories) - since < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f'{len(self.trajectories) - since} trajectories in {timeout} s, '
+                                         f'expected {count}; last diagnostics: {self.last_diagnostics()}')
+                self._lock.wait(remaining)
+            return list(self.trajectories[since:])
+
+    def trajectories_since(self, since: int) -> List[JointTrajectory]:
+        with self._lock:
+            return list(self.trajectories[since:])
+
+    def last_diagnostics(self) -> Optional[Dict[str, object]]:
+        """{'level', 'message', 'name', **values} of the newest status from the node."""
+        with self._lock:
+            if not self.diagnostics:
+                return None
+            status = next(s for s in self.diagnostics[-1].status if s.name.startswith(NODE_NAME))
+        values = {kv.key: kv.value for kv in status.values}
+        values.update(level=status.level, message=status.message, name=status.name)
+        return values
+
+    def wait_for_diagnostics(self, predicate: Callable[[Dict[str, object]], bool] = lambda d: True,
+                             timeout: float = 5.0, fresh: bool = True) -> Dict[str, object]:
+        """The first status (newer than now when ``fresh``) for which ``predicate`` holds."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            start = len(self.diagnostics) if fresh else 0
+            if fresh:
+                self.diagnostics.clear()
+                start = 0
+        last = None
+        while time.monotonic() < deadline:
+            with self._lock:
+                arrays = list(self.diagnostics[start:])
+                start += len(arrays)
+            for array in arrays:
+                status = next(s for s in array.status if s.name.startswith(NODE_NAME))
+                values = {kv.key: kv.value for kv in status.values}
+                values.update(level=status.level, message=status.message, name=status.name)
+                last = values
+                if predicate(values):
+                    return values
+            with self._lock:
+                self._lock.wait(0.1)
+        raise AssertionError(f'no matching diagnostics in {timeout} s; last: {last}')
+
+    # ---- services ------------------------------------------------------------------------------
+    def _call(self, client, request, timeout: float):
+        if not client.wait_for_service(timeout_sec=timeout):
+            return None
+        future = client.call_async(request)
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
+        if not done.wait(timeout):
+            client.remove_pending_request(future)
+            return None
+        return future.result()
+
+    def get_state(self, timeout: float = 2.0) -> Optional[str]:
+        response = self._call(self._get_state, GetState.Request(), timeout)
+        return None if response is None else response.current_state.label
+
+    def change_state(self, transition: str, timeout: float = 30.0) -> bool:
+        request = ChangeState.Request()
+        request.transition.id = TRANSITIONS[transition]
+        response = self._call(self._change_state, request, timeout)
+        if response is None:
+            raise AssertionError(f'change_state {transition}: no answer in {timeout} s')
+        return bool(response.success)
+
+    def set_parameters(self, timeout: float = 5.0, **values):
+        """One SetParameters call; returns the list of SetParametersResult (one per value)."""
+        request = SetParameters.Request()
+        request.parameters = [Parameter(name, value=value).to_parameter_msg() for name, value in values.items()]
+        response = self._call(self._set_params, request, timeout)
+        if response is None:
+            raise AssertionError(f'set_parameters {values}: no answer in {timeout} s')
+        return list(response.results)
+
+    def get_parameters(self, names: Iterable[str], timeout: float = 5.0) -> Dict[str, object]:
+        names = list(names)
+        response = self._call(self._get_params, GetParameters.Request(names=names), timeout)
+        if response is None:
+            raise AssertionError(f'get_parameters {names}: no answer in {timeout} s')
+        return {name: parameter_value_to_python(value) for name, value in zip(names, response.values)}
+
+    # ---- teardown ------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.stop_streaming()
+        self.stop_clock()
+        self.executor.shutdown(timeout_sec=2)
+        self.node.destroy_node()
+        self.context.try_shutdown()
+        self._spin_thread.join(timeout=2)
+
+
+def assert_no_new_trajectories(rig: TestRig, seconds: float, settle: float = 0.6) -> None:
+    """After ``settle`` (one tick may be in flight), nothing arrives for ``seconds``."""
+    time.sleep(settle)
+    before = rig.trajectory_count()
+    time.sleep(seconds)
+    after = rig.trajectory_count()
+    assert after == before, f'{after - before} trajectories arrived while none should'
+
+
+def diag_int(values: Optional[Dict[str, object]], key: str) -> int:
+    if not values or key not in values:
+        return 0
+    return int(values[key])
+
+
+def finite(values: Iterable[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
