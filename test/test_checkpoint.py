@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from runtime_fixtures import make_observation, single_torch_thread, tiny_checkpoints  # noqa: F401
+from runtime_fixtures import make_observation, tiny_checkpoints  # noqa: F401
 from vla_policy_node.cache.key import weights_digest
 from vla_policy_node.policy.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from vla_policy_node.policy.config import preset

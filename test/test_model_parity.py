@@ -17,8 +17,6 @@ from vla_policy_node.policy.layers import (ATTENTION_MASK_VALUE, GemmaMLP, RMSNo
 from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
 from vla_policy_node.policy.siglip import SiglipVisionTransformer  # noqa: E402
 
-from runtime_fixtures import single_torch_thread  # noqa: E402,F401
-
 
 def randomize_(module: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
     """Non-trivial values everywhere (HF and torch inits leave norms at 0/1 and biases at 0)."""

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from runtime_fixtures import (CAMERAS, INSTRUCTION, make_observation, rgb_image, runtime,  # noqa: F401
-                              single_torch_thread, tiny_checkpoint, tiny_checkpoints)
+                              tiny_checkpoint, tiny_checkpoints)
 from vla_policy_node.images import CompressedFrame, RawImage
 from vla_policy_node.runtime import STAGES, ObservationError, PolicyRuntime
 

@@ -237,12 +237,18 @@ class PolicyRuntime:
         return torch.randn(shape, generator=generator).to(self.device)
 
     # ---- inference -------------------------------------------------------------------------
-    def prefix_key(self, observation: Observation) -> str:
-        """The cache key this observation would use (validates it like ``infer``)."""
+    def _prepare(self, observation: Observation) -> Tuple[List[Tuple[str, CameraInput]], np.ndarray,
+                                                          np.ndarray, np.ndarray]:
+        """Validate and tokenise: camera slots, normalised state, tokens, token mask."""
         slots = self._camera_slots(observation.images)
         state = self._normalized_state(observation.state)
-        tokens, mask = self._tokens(self._instruction(observation.instruction), state)
-        return self._keys.key(slots, tokens, mask)
+        tokens, token_mask = self._tokens(self._instruction(observation.instruction), state)
+        return slots, state, tokens, token_mask
+
+    def prefix_key(self, observation: Observation) -> str:
+        """The cache key this observation would use (validates it like ``infer``)."""
+        slots, _, tokens, token_mask = self._prepare(observation)
+        return self._keys.key(slots, tokens, token_mask)
 
     def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
               seed: Optional[int] = None, num_steps: Optional[int] = None) -> ActionChunk:
@@ -261,9 +267,7 @@ class PolicyRuntime:
         cfg = self.config
         timer = _StageTimer(self.device)
         timer.start('hash')
-        slots = self._camera_slots(observation.images)
-        state = self._normalized_state(observation.state)
-        tokens, token_mask = self._tokens(self._instruction(observation.instruction), state)
+        slots, state, tokens, token_mask = self._prepare(observation)
         steps = int(num_steps or self.num_steps)
         if steps < 1:
             raise ObservationError('num_steps', f'must be >= 1, got {steps}')

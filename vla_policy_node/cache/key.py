@@ -8,7 +8,7 @@ different observations can never serialise to the same byte stream.
 from __future__ import annotations
 
 import struct
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import xxhash
@@ -80,7 +80,3 @@ def weights_digest(path: str, chunk_bytes: int = 16 << 20) -> str:
         for chunk in iter(lambda: handle.read(chunk_bytes), b''):
             hasher.update(chunk)
     return hasher.hexdigest()
-
-
-def optional_digest(data: Optional[bytes]) -> str:
-    return xxhash.xxh3_128(data).hexdigest() if data is not None else 'none'

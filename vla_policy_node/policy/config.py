@@ -12,7 +12,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 POLICY_TYPES = ('pi0', 'pi05')
 IMAGE_FEATURE_PREFIX = 'observation.images.'
@@ -131,9 +131,6 @@ class PolicyConfig:
         """Analytic K/V size of one prefix token: 2 x layers x kv_heads x head_dim x bytes."""
         lm = self.language
         return 2 * lm.depth * lm.num_kv_heads * lm.head_dim * dtype_bytes
-
-    def replace(self, **changes: Any) -> 'PolicyConfig':
-        return dataclasses.replace(self, **changes)
 
     # ---- lerobot config.json ----------------------------------------------
     def to_lerobot_dict(self, variant_names: Optional[Tuple[str, str]] = None) -> Dict[str, Any]:
@@ -285,7 +282,3 @@ def preset(name: str, policy_type: str = 'pi0', **overrides: Any) -> PolicyConfi
         raise ConfigError(f'unknown preset {name!r}; known: tiny, pi0_shallow, pi0, pi05')
     cfg.update(overrides)
     return PolicyConfig(**cfg)
-
-
-def camera_feature_names(config: PolicyConfig) -> List[str]:
-    return [IMAGE_FEATURE_PREFIX + name for name in config.camera_names]
