@@ -5,8 +5,8 @@
     deactivate  stop the timer (inputs keep flowing into the buffer)
     cleanup     drop subscriptions, publisher, model and cache
 
-Subscriptions only store the latest message (reentrant group); the control
-tick runs in its own mutually exclusive group, so the GPU never blocks input.
+Subscriptions only store the latest message; the timer only wakes a
+dedicated tick thread (TickWorker), so the GPU never blocks input.
 /diagnostics is published in every state, so an unconfigured node says why.
 """
 from __future__ import annotations
@@ -17,10 +17,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import (InvalidParameterTypeException, InvalidParameterValueException,
                               ParameterUninitializedException)
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -36,6 +35,7 @@ from ..tick import (ThrottledReporter, TickEngine, TickOutcome, TickSettings, Ti
                     check_settings_against_model)
 from .messages import diagnostics_msg, trajectory_msg
 from .params import BUILTIN_TINY, PARAMETERS, SPECS, descriptor, validate_limits, validate_value
+from .tick_worker import TickWorker
 
 NODE_NAME = 'vla_policy'
 TRAJECTORY_QOS_DEPTH = 10
@@ -63,11 +63,9 @@ class VlaPolicyNode(LifecycleNode):
         self._lifecycle_label = 'unconfigured'
         self._configure_error = ''
         self._skips_since_diagnostics = 0
-        self._input_group = ReentrantCallbackGroup()
-        self._tick_group = MutuallyExclusiveCallbackGroup()
+        self._worker: Optional[TickWorker] = None
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
-        self._diagnostics_timer = self.create_timer(self._param('diagnostics_period_sec'), self._publish_diagnostics,
-                                                    callback_group=MutuallyExclusiveCallbackGroup())
+        self._diagnostics_timer = self.create_timer(self._param('diagnostics_period_sec'), self._publish_diagnostics)
 
     # ---- parameters ------------------------------------------------------------------------
     def _declare_parameters(self) -> None:
@@ -174,17 +172,14 @@ class VlaPolicyNode(LifecycleNode):
         for name, (topic, kind) in cameras.items():
             msg_type = CompressedImage if kind == 'compressed' else Image
             self._input_subscriptions.append(self.create_subscription(
-                msg_type, topic, self._camera_callback(name), qos_profile_sensor_data,
-                callback_group=self._input_group))
+                msg_type, topic, self._camera_callback(name), qos_profile_sensor_data))
         self._input_subscriptions.append(self.create_subscription(
-            JointState, self._param('joint_states_topic'), self._on_joint_state, qos_profile_sensor_data,
-            callback_group=self._input_group))
+            JointState, self._param('joint_states_topic'), self._on_joint_state, qos_profile_sensor_data))
         durability = (DurabilityPolicy.TRANSIENT_LOCAL if self._param('instruction_durability') == 'transient_local'
                       else DurabilityPolicy.VOLATILE)
         self._input_subscriptions.append(self.create_subscription(
             String, self._param('instruction_topic'), self._on_instruction,
-            QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=durability),
-            callback_group=self._input_group))
+            QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=durability)))
 
     def _camera_callback(self, name: str):
         def store(msg: Any) -> None:
@@ -199,7 +194,8 @@ class VlaPolicyNode(LifecycleNode):
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._timer_rate_hz = float(self._param('control_rate_hz'))
-        self._timer = self.create_timer(1.0 / self._timer_rate_hz, self._on_tick, callback_group=self._tick_group)
+        self._worker = TickWorker(self._on_tick, self._on_tick_error)
+        self._timer = self.create_timer(1.0 / self._timer_rate_hz, self._worker.request)
         self._lifecycle_label = 'active'
         self.get_logger().info(f'active: {self._timer_rate_hz:g} Hz on {self._param("trajectory_topic")}'
                                + (' (dry_run: nothing is published)' if self._param('dry_run') else ''))
@@ -221,9 +217,14 @@ class VlaPolicyNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def _stop_timer(self) -> None:
+        """No more ticks: the timer goes, and the tick in flight (if any) finishes first."""
         if self._timer is not None:
             self.destroy_timer(self._timer)
             self._timer = None
+        if self._worker is not None:
+            if not self._worker.stop():
+                self.get_logger().error('the tick in flight did not finish within 30 s')
+            self._worker = None
 
     def _release(self) -> None:
         """Undo configure: subscriptions, publisher, buffered inputs, model and device memory."""
@@ -268,6 +269,12 @@ class VlaPolicyNode(LifecycleNode):
             return
         self._trajectory_pub.publish(trajectory_msg(plan))
         self.stats.record_published()
+
+    def _on_tick_error(self, exc: BaseException) -> None:
+        self._skips_since_diagnostics += 1
+        self.stats.record(TickOutcome(now_ns=self._now_ns(), skip=SkipTick('internal_error', repr(exc))))
+        if self._reporter.should_report('internal_error'):
+            self.get_logger().error(f'tick failed, nothing published: {exc!r}')
 
     def _apply_live_settings(self) -> None:
         """Side effects of live parameters that are more than a value read at the tick."""
@@ -314,7 +321,8 @@ def main(args: Optional[List[str]] = None) -> int:
     node = None
     try:
         node = VlaPolicyNode()
-        executor = MultiThreadedExecutor(num_threads=4)
+        # Inputs are cheap callbacks and ticks run on the TickWorker thread: one executor thread is enough.
+        executor = SingleThreadedExecutor()
         executor.add_node(node)
         if node.get_parameter('autostart').value:
             if node.trigger_configure() == TransitionCallbackReturn.SUCCESS:
