@@ -47,7 +47,7 @@ setup(
     ],
     extras_require={
         'ros': ROS_WHEELS,
-        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'transformers>=4.40'],
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'transformers>=4.40', 'flake8>=5'],
     },
     zip_safe=True,
     maintainer='vla_policy_node developers',
