@@ -96,14 +96,14 @@ def set_cpu_threads(threads: int) -> None:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """'auto': bf16 on CUDA, fp32 elsewhere."""
-    names = {'float32': torch.float32, 'fp32': torch.float32, 'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16,
-             'float16': torch.float16, 'fp16': torch.float16}
+    # No float16: the finite attention-mask value overflows to -inf there (NaN on fully masked rows).
+    names = {'float32': torch.float32, 'fp32': torch.float32, 'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16}
     if dtype in ('', 'auto'):
         return torch.bfloat16 if device.type == 'cuda' else torch.float32
     try:
         return names[dtype]
     except KeyError:
-        raise ValueError(f'unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16') from None
+        raise ValueError(f'unknown dtype {dtype!r}; use auto, float32 or bfloat16') from None
 
 
 class _StageTimer:
@@ -251,8 +251,9 @@ class PolicyRuntime:
         return self._keys.key(slots, tokens, token_mask)
 
     def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
-              seed: Optional[int] = None, num_steps: Optional[int] = None) -> ActionChunk:
-        """One action chunk; ``num_steps`` None or 0 uses the runtime's setting.
+              seed: Optional[int] = None, num_steps: Optional[int] = None,
+              use_cache: Optional[bool] = None) -> ActionChunk:
+        """One action chunk; ``num_steps`` / ``use_cache`` None use the runtime's settings.
 
         Bad input raises ObservationError. Everything checkable without decoding
         (cameras, frame geometry, state, instruction, noise) is checked before
@@ -260,10 +261,11 @@ class PolicyRuntime:
         decoding on a miss, and then nothing is stored.
         """
         with self._lock:
-            return self._infer_locked(observation, noise, seed, num_steps)
+            return self._infer_locked(observation, noise, seed, num_steps,
+                                      self.cache_enabled if use_cache is None else use_cache)
 
     def _infer_locked(self, observation: Observation, noise: Optional[np.ndarray], seed: Optional[int],
-                      num_steps: Optional[int]) -> ActionChunk:
+                      num_steps: Optional[int], use_cache: bool) -> ActionChunk:
         cfg = self.config
         timer = _StageTimer(self.device)
         timer.start('hash')
@@ -272,7 +274,6 @@ class PolicyRuntime:
         if steps < 1:
             raise ObservationError('num_steps', f'must be >= 1, got {steps}')
         noise_tensor = self._noise(noise, seed)
-        use_cache = self.cache_enabled
         key = self._keys.key(slots, tokens, token_mask) if use_cache else None
         context = self.cache.get(key) if use_cache else None
         timer.stop()
@@ -328,11 +329,7 @@ class PolicyRuntime:
         height, width = cfg.image_resolution
         blank = {name: np.zeros((height, width, 3), dtype=np.uint8) for name in cfg.camera_names}
         instruction = self.default_instruction or 'warm up'
-        was_enabled, self.cache_enabled = self.cache_enabled, False
-        try:
-            return self.infer(Observation(blank, self._neutral_state(), instruction), seed=0)
-        finally:
-            self.cache_enabled = was_enabled
+        return self.infer(Observation(blank, self._neutral_state(), instruction), seed=0, use_cache=False)
 
     def _neutral_state(self) -> np.ndarray:
         """A state that normalises to zero."""

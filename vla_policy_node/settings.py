@@ -12,7 +12,9 @@ from typing import Any, Dict, Mapping, Sequence, Tuple
 import yaml
 
 from .observation import AssemblySettings
-from .ros.params import CAMERA_TYPES, PARAMETERS, SPECS, validate_value
+from .policy.tiny_default import builtin_tiny_checkpoint
+from .ros.params import BUILTIN_TINY, CAMERA_TYPES, PARAMETERS, SPECS, validate_value
+from .runtime import PolicyRuntime, set_cpu_threads
 from .tick import TickSettings
 
 NODE_NAME = 'vla_policy'
@@ -58,6 +60,8 @@ def load_params_file(path: Path, node_name: str = NODE_NAME) -> Dict[str, Any]:
 def camera_layout(values: Mapping[str, Any], checkpoint_cameras: Sequence[str]) -> Dict[str, Tuple[str, str]]:
     """camera name -> (topic, 'raw'|'compressed'), in camera order."""
     names = list(values.get('camera_names') or checkpoint_cameras)
+    if len(set(names)) != len(names):
+        raise SettingsError(f'camera_names has duplicates: {names}')
     kinds = list(values.get('camera_types') or ['raw'] * len(names))
     if len(kinds) != len(names):
         raise SettingsError(f'camera_types has {len(kinds)} entries for {len(names)} cameras')
@@ -85,3 +89,14 @@ def tick_settings(values: Mapping[str, Any], camera_topics: Mapping[str, str]) -
                         upper_limits=tuple(values['joint_upper_limits'] or ()),
                         num_steps=values['num_steps'], seed=None if values['seed'] < 0 else values['seed'],
                         cache_enabled=values['cache_enabled'])
+
+
+def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
+    """The runtime a set of parameter values describes (checkpoint, device, dtype, cache, threads)."""
+    set_cpu_threads(values['cpu_threads'])
+    checkpoint = values['checkpoint_path']
+    path = builtin_tiny_checkpoint() if checkpoint == BUILTIN_TINY else Path(checkpoint)
+    return PolicyRuntime.from_pretrained(path, device=values['device'], dtype=values['dtype'],
+                                         tokenizer_path=values['tokenizer_path'] or None,
+                                         cache_max_bytes=values['cache_max_bytes'],
+                                         cache_max_entries=values['cache_max_entries'])

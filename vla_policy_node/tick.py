@@ -18,7 +18,7 @@ import numpy as np
 from .observation import AssembledObservation, AssemblySettings, InputBuffer, SkipTick
 from .policy.config import PolicyConfig
 from .runtime import STAGES, ActionChunk, ObservationError, PolicyRuntime
-from .trajectory import STAMP_MODES, TrajectoryError, TrajectoryPlan, build_plan
+from .trajectory import STAMP_MODES, TrajectoryError, TrajectoryPlan, build_plan, limits_problem
 
 LATENCY_WINDOW = 200
 
@@ -49,13 +49,17 @@ def check_settings_against_model(settings: TickSettings, config: PolicyConfig) -
     unknown = sorted(set(settings.assembly.camera_names) - set(config.camera_names))
     if unknown:
         raise ValueError(f'camera_names {unknown} are not cameras of the checkpoint {list(config.camera_names)}')
+    for name, values in (('joint_names', settings.joint_names), ('state_joint_names', state_joints),
+                         ('camera_names', settings.assembly.camera_names)):
+        if len(set(values)) != len(values):
+            raise ValueError(f'{name} has duplicates: {list(values)}')
     if settings.stamp_mode not in STAMP_MODES:
         raise ValueError(f'stamp_mode must be one of {STAMP_MODES}')
     if settings.execute_steps > config.chunk_size:
         raise ValueError(f'execute_steps {settings.execute_steps} exceeds the chunk size {config.chunk_size}')
-    for name, limits in (('joint_lower_limits', settings.lower_limits), ('joint_upper_limits', settings.upper_limits)):
-        if limits and len(limits) != len(settings.joint_names):
-            raise ValueError(f'{name} has {len(limits)} values for {len(settings.joint_names)} joints')
+    problem = limits_problem(settings.lower_limits, settings.upper_limits, len(settings.joint_names))
+    if problem:
+        raise ValueError(problem)
 
 
 @dataclass
@@ -109,19 +113,43 @@ class TickStats:
     def latency_summary(self) -> Dict[str, Dict[str, float]]:
         """Per stage: p50, p95 and max in ms over the recent window."""
         with self._lock:
-            windows = {stage: list(values) for stage, values in self._latency.items()}
+            return self.latency_summary_unlocked()
+
+    @property
+    def skipped_total(self) -> int:
+        with self._lock:
+            return sum(self.skipped.values())
+
+    def snapshot(self) -> 'TickStatsSnapshot':
+        """A consistent copy for another thread (diagnostics) while ticks keep updating."""
+        with self._lock:
+            return TickStatsSnapshot(ticks=self.ticks, chunks=self.chunks, published=self.published,
+                                     clipped=self.clipped, skipped=dict(self.skipped), last_skip=self.last_skip,
+                                     latency=self.latency_summary_unlocked())
+
+    def latency_summary_unlocked(self) -> Dict[str, Dict[str, float]]:
         summary = {}
-        for stage, values in windows.items():
+        for stage, values in self._latency.items():
             if values:
                 array = np.asarray(values)
                 summary[stage] = {'p50': float(np.percentile(array, 50)), 'p95': float(np.percentile(array, 95)),
                                   'max': float(array.max())}
         return summary
 
+
+@dataclass(frozen=True)
+class TickStatsSnapshot:
+    ticks: int
+    chunks: int
+    published: int
+    clipped: int
+    skipped: Dict[str, int]
+    last_skip: Optional[SkipTick]
+    latency: Dict[str, Dict[str, float]]
+
     @property
     def skipped_total(self) -> int:
-        with self._lock:
-            return sum(self.skipped.values())
+        return sum(self.skipped.values())
 
 
 class TickEngine:
@@ -134,6 +162,9 @@ class TickEngine:
     def run(self, buffer: InputBuffer, settings: TickSettings, now_ns: int) -> TickOutcome:
         outcome = TickOutcome(now_ns=now_ns)
         try:
+            if now_ns == 0:
+                # use_sim_time before the first /clock: time is 0, no age or stamp means anything yet.
+                raise SkipTick('waiting_for_clock', 'use_sim_time is set and no /clock has arrived')
             outcome.assembled = buffer.assemble(settings.assembly, now_ns)
             outcome.chunk = self._infer(outcome.assembled, settings)
             outcome.plan = self._plan(outcome.chunk, outcome.assembled, settings)
@@ -143,9 +174,9 @@ class TickEngine:
         return outcome
 
     def _infer(self, assembled: AssembledObservation, settings: TickSettings) -> ActionChunk:
-        self.runtime.cache_enabled = settings.cache_enabled
         try:
-            return self.runtime.infer(assembled.observation, seed=settings.seed, num_steps=settings.num_steps)
+            return self.runtime.infer(assembled.observation, seed=settings.seed, num_steps=settings.num_steps,
+                                      use_cache=settings.cache_enabled)
         except ObservationError as exc:
             raise SkipTick('bad_input', f'rejected by the policy: {exc}', _topic_of(exc.field, settings)) from exc
 

@@ -31,7 +31,7 @@ from safetensors.torch import save_file as save_torch_file
 
 from .config import ACTION_FEATURE, STATE_FEATURE, ConfigError, PolicyConfig
 from .normalize import DEFAULT_EPS, FeatureNormalizer, NormalizationError, flatten_stats, split_flat_stats
-from .pi0 import FP32_MODULE_MARKERS, PiZeroModel
+from .pi0 import PiZeroModel, param_dtype
 
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
@@ -68,10 +68,6 @@ class LoadedCheckpoint:
 
 
 # ---- weights -----------------------------------------------------------------------
-
-def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
-
 
 def canonical_key(file_key: str, policy_type: str) -> str:
     key = file_key[len('model.'):] if file_key.startswith('model.') else file_key

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .config import GemmaSize
-from .layers import AdaptiveRMSNorm, GemmaMLP, RMSNorm, apply_rope, grouped_query_attention
+from .layers import AdaptiveRMSNorm, GemmaMLP, RMSNorm, apply_rope, fold_mask, grouped_query_attention
 
 
 class GemmaSelfAttention(nn.Module):
@@ -86,8 +86,11 @@ class GemmaStack(nn.Module):
         self.norm = _norm(size.width, eps, cond_dim)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Gemma scales token embeddings by sqrt(width)."""
-        return self.embed_tokens(tokens) * math.sqrt(self.size.width)
+        """Gemma scales token embeddings by sqrt(width), the scale rounded to the table's dtype
+        (as transformers >= 5.4 and current lerobot do; exact in fp32)."""
+        weight = self.embed_tokens.weight
+        return self.embed_tokens(tokens) * torch.tensor(math.sqrt(self.size.width), dtype=weight.dtype,
+                                                        device=weight.device)
 
     def final_norm(self, x: torch.Tensor, cond: Optional[torch.Tensor]) -> torch.Tensor:
         return self.norm(x, cond)[0] if cond is not None else self.norm(x)
@@ -103,6 +106,7 @@ class GemmaStack(nn.Module):
         size = self.size
         batch, prefix_len, _ = x.shape
         kv = x.new_empty(size.depth, 2, batch, size.num_kv_heads, prefix_len, size.head_dim)
+        mask = fold_mask(mask, size.num_heads // size.num_kv_heads)
         for i, layer in enumerate(self.layers):
             h, _ = layer.norm(layer.input_layernorm, x, None)
             q, k, v = layer.self_attn.project_qkv(h, cos, sin)
@@ -124,7 +128,7 @@ class GemmaStack(nn.Module):
         x [B, S, W]; kv_workspace [L, 2, B, K, P+S, D] whose first P positions
         hold the prefix K/V (written once per chunk, never here); mask additive
         [B, 1, S, P+S]; cond [B, W] for adaptive norms. Returns the final-normed
-        hidden states [B, S, W].
+        hidden states [B, S, W]. Pass the mask through ``fold_mask`` once per chunk.
         """
         for i, layer in enumerate(self.layers):
             h, gate = layer.norm(layer.input_layernorm, x, cond)

@@ -89,22 +89,25 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zero, torch.tensor(ATTENTION_MASK_VALUE, dtype=dtype, device=allowed.device))
 
 
+def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """Additive mask [B, 1, S, T] -> [B, 1, G*S, T] for grouped_query_attention (once per pass, not per layer)."""
+    batch, _, seq, keys = mask.shape
+    return mask.unsqueeze(2).expand(batch, 1, groups, seq, keys).reshape(batch, 1, groups * seq, keys)
+
+
 def grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            mask: Optional[torch.Tensor]) -> torch.Tensor:
+                            folded_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Multi-query / grouped-query attention without repeating K/V.
 
-    q [B, H, S, D]; k, v [B, K, T, D]; mask additive [B, 1, S, T] or None.
+    q [B, H, S, D]; k, v [B, K, T, D]; folded_mask from ``fold_mask`` [B, 1, G*S, T] or None.
     The G query heads that share one kv head are folded into the query length,
     so K/V are read in place (never expanded to H heads): [B, K, G*S, D].
     Returns [B, H, S, D]. Query head h uses kv head h // G, as in Gemma.
     """
     batch, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
-    groups = heads // kv_heads
-    q_folded = q.reshape(batch, kv_heads, groups * seq, dim)
-    if mask is not None and groups > 1:
-        mask = mask.unsqueeze(2).expand(batch, 1, groups, seq, mask.shape[-1]).reshape(batch, 1, groups * seq, -1)
-    out = F.scaled_dot_product_attention(q_folded, k, v, attn_mask=mask, scale=1.0 / math.sqrt(dim))
+    q_folded = q.reshape(batch, kv_heads, (heads // kv_heads) * seq, dim)
+    out = F.scaled_dot_product_attention(q_folded, k, v, attn_mask=folded_mask, scale=1.0 / math.sqrt(dim))
     return out.reshape(batch, heads, seq, dim)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
-from .layers import additive_mask, rope_cos_sin, sincos_time_embedding
+from .layers import additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
 from .siglip import SiglipVisionTower
 
 # Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
@@ -32,6 +32,11 @@ from .siglip import SiglipVisionTower
 # small projections outside the two Gemma stacks.
 FP32_MODULE_MARKERS = ('vision_tower', 'multi_modal_projector', 'input_layernorm', 'post_attention_layernorm',
                        'model.norm', 'action_in_proj', 'action_out_proj', 'state_proj', 'time_mlp')
+
+
+def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of a parameter when the model computes in ``compute_dtype``."""
+    return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
 
 
 class MultiModalProjector(nn.Module):
@@ -93,8 +98,7 @@ class PiZeroModel(nn.Module):
         """Run the two Gemma stacks in ``dtype``; keep FP32_MODULE_MARKERS modules in fp32."""
         self.compute_dtype = dtype
         for name, param in self.named_parameters():
-            keep_fp32 = any(marker in name for marker in FP32_MODULE_MARKERS)
-            param.data = param.data.to(torch.float32 if keep_fp32 else dtype)
+            param.data = param.data.to(param_dtype(name, dtype))
         return self
 
     @property
@@ -166,7 +170,7 @@ class PiZeroModel(nn.Module):
     def _suffix_layout(self, context: PrefixContext) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions (as RoPE tables) and the additive mask of the suffix, fixed for a whole chunk.
 
-        Returns cos, sin [B, 1, S, D] and mask [B, 1, S, P+S].
+        Returns cos, sin [B, 1, S, D] and the folded mask [B, 1, G*S, P+S].
         """
         cfg = self.config
         batch, prefix_len = context.pad_mask.shape
@@ -183,7 +187,8 @@ class PiZeroModel(nn.Module):
         allowed = torch.cat([prefix_allowed, suffix_allowed.expand(batch, -1, -1)], dim=2)[:, None]
         positions = context.pad_mask.long().sum(dim=1, keepdim=True) + torch.arange(suffix_len, device=device)
         cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta)
-        return cos, sin, additive_mask(allowed, self.compute_dtype)
+        groups = cfg.expert.num_heads // cfg.expert.num_kv_heads
+        return cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups)
 
     def _embed_suffix(self, x_t: torch.Tensor, time_emb: torch.Tensor,
                       state_token: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -23,11 +23,10 @@ import numpy as np
 
 from ..observation import InputBuffer
 from ..policy.checkpoint import CheckpointError
-from ..policy.tiny_default import builtin_tiny_checkpoint
 from ..policy.tokenizer import TokenizerError
-from ..ros.params import BUILTIN_TINY, DEFAULT_TRAJECTORY_TOPIC
-from ..runtime import PolicyRuntime, set_cpu_threads
-from ..settings import SettingsError, camera_layout, load_params_file, resolve_values, tick_settings
+from ..ros.params import DEFAULT_TRAJECTORY_TOPIC
+from ..runtime import PolicyRuntime
+from ..settings import SettingsError, camera_layout, load_params_file, load_runtime, resolve_values, tick_settings
 from ..tick import TickEngine, TickOutcome, TickSettings, check_settings_against_model
 from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
 from .report import write_report
@@ -175,15 +174,6 @@ def _progress(messages, enabled: bool, bag: Path):
     return tqdm(messages, desc=f'replaying {Path(bag).name}', unit='msg', file=sys.stderr)
 
 
-def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
-    checkpoint = values['checkpoint_path']
-    path = builtin_tiny_checkpoint() if checkpoint == BUILTIN_TINY else Path(checkpoint)
-    return PolicyRuntime.from_pretrained(path, device=values['device'], dtype=values['dtype'],
-                                         tokenizer_path=values['tokenizer_path'] or None,
-                                         cache_max_bytes=values['cache_max_bytes'],
-                                         cache_max_entries=values['cache_max_entries'])
-
-
 def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional[str] = None,
            seed: Optional[int] = None, command_topic: Optional[str] = DEFAULT_COMMAND_TOPIC,
            progress: bool = False, overrides: Optional[Mapping[str, Any]] = None) -> ReplayResult:
@@ -201,7 +191,6 @@ def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional
         values['seed'] = 0  # a replay is deterministic by default
     if not values['joint_names']:
         raise ReplayError('joint_names is not set in the params file')
-    set_cpu_threads(values['cpu_threads'])
     runtime = load_runtime(values)
     if values['warmup']:
         runtime.warmup()  # as the node does in configure, so tick latencies compare

@@ -8,7 +8,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..cache import CacheStats
-from ..tick import TickStats
+from ..tick import TickStatsSnapshot
 from ..trajectory import TrajectoryPlan
 
 NS_PER_SEC = 1_000_000_000
@@ -41,7 +41,7 @@ def _values(pairs: Iterable[Tuple[str, object]]) -> list:
 
 
 def diagnostics_msg(stamp_ns: int, name: str, hardware_id: str, level: bytes, message: str,
-                    info: Dict[str, object], stats: TickStats, cache: Optional[CacheStats],
+                    info: Dict[str, object], stats: TickStatsSnapshot, cache: Optional[CacheStats],
                     camera_ages: Dict[str, float]) -> DiagnosticArray:
     """One DiagnosticStatus with latency percentiles, cache figures, skips and camera ages."""
     pairs = list(info.items())
@@ -50,7 +50,7 @@ def diagnostics_msg(stamp_ns: int, name: str, hardware_id: str, level: bytes, me
     pairs += [(f'skipped_{reason}', count) for reason, count in sorted(stats.skipped.items())]
     if stats.last_skip is not None:
         pairs.append(('last_skip', f'[{stats.last_skip.reason}] {stats.last_skip}'))
-    for stage, summary in stats.latency_summary().items():
+    for stage, summary in stats.latency.items():
         pairs += [(f'latency_{stage}_p50_ms', summary['p50']), (f'latency_{stage}_p95_ms', summary['p95'])]
     if cache is not None:
         pairs += [('cache_hits', cache.hits), ('cache_misses', cache.misses), ('cache_hit_rate', cache.hit_rate),

@@ -28,16 +28,15 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from ..observation import InputBuffer, SkipTick
-from ..policy.tiny_default import builtin_tiny_checkpoint
-from ..runtime import PolicyRuntime, set_cpu_threads
-from ..settings import camera_layout, tick_settings
+from ..runtime import PolicyRuntime
+from ..settings import NODE_NAME, camera_layout, load_runtime, tick_settings
 from ..tick import (ThrottledReporter, TickEngine, TickOutcome, TickSettings, TickStats,
                     check_settings_against_model)
+from ..trajectory import limits_problem
 from .messages import diagnostics_msg, trajectory_msg
-from .params import BUILTIN_TINY, PARAMETERS, SPECS, descriptor, validate_limits, validate_value
+from .params import BUILTIN_TINY, PARAMETERS, SPECS, descriptor, validate_value
 from .tick_worker import TickWorker
 
-NODE_NAME = 'vla_policy'
 TRAJECTORY_QOS_DEPTH = 10
 _ROS_TYPES = {'bool': Parameter.Type.BOOL, 'int': Parameter.Type.INTEGER, 'double': Parameter.Type.DOUBLE,
               'string': Parameter.Type.STRING, 'string_array': Parameter.Type.STRING_ARRAY,
@@ -62,7 +61,7 @@ class VlaPolicyNode(LifecycleNode):
         self._camera_topics: Dict[str, str] = {}
         self._lifecycle_label = 'unconfigured'
         self._configure_error = ''
-        self._skips_since_diagnostics = 0
+        self._skips_at_last_diagnostics = 0
         self._worker: Optional[TickWorker] = None
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self._diagnostics_timer = self.create_timer(self._param('diagnostics_period_sec'), self._publish_diagnostics)
@@ -107,7 +106,7 @@ class VlaPolicyNode(LifecycleNode):
             lower = incoming.get('joint_lower_limits', self._param('joint_lower_limits')) or []
             upper = incoming.get('joint_upper_limits', self._param('joint_upper_limits')) or []
             joints = len(self._param('joint_names') or [])
-            reason = validate_limits(list(lower), list(upper), joints)
+            reason = limits_problem(list(lower), list(upper), joints)
             if reason:
                 return SetParametersResult(successful=False, reason=reason)
         if 'execute_steps' in incoming and self.runtime is not None:
@@ -146,12 +145,7 @@ class VlaPolicyNode(LifecycleNode):
         if checkpoint == BUILTIN_TINY:
             self.get_logger().warning('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions '
                                       'are meaningless. Set checkpoint_path to a real lerobot pretrained_model folder.')
-            checkpoint = str(builtin_tiny_checkpoint())
-        set_cpu_threads(self._param('cpu_threads'))
-        self.runtime = PolicyRuntime.from_pretrained(
-            checkpoint, device=self._param('device'), dtype=self._param('dtype'),
-            tokenizer_path=self._param('tokenizer_path') or None,
-            cache_max_bytes=self._param('cache_max_bytes'), cache_max_entries=self._param('cache_max_entries'))
+        self.runtime = load_runtime(self._values())
         config = self.runtime.config
         cameras = camera_layout(self._values(), config.camera_names)
         self._camera_topics = {name: topic for name, (topic, _) in cameras.items()}
@@ -195,7 +189,7 @@ class VlaPolicyNode(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._timer_rate_hz = float(self._param('control_rate_hz'))
         self._worker = TickWorker(self._on_tick, self._on_tick_error)
-        self._timer = self.create_timer(1.0 / self._timer_rate_hz, self._worker.request)
+        self._timer = self.create_timer(1.0 / self._timer_rate_hz, self._on_timer)
         self._lifecycle_label = 'active'
         self.get_logger().info(f'active: {self._timer_rate_hz:g} Hz on {self._param("trajectory_topic")}'
                                + (' (dry_run: nothing is published)' if self._param('dry_run') else ''))
@@ -215,6 +209,16 @@ class VlaPolicyNode(LifecycleNode):
         self._release()
         self._lifecycle_label = 'finalized'
         return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """A transition raised: drop everything and go back to unconfigured, ready to configure again."""
+        self._release()
+        self._lifecycle_label = 'unconfigured'
+        return TransitionCallbackReturn.SUCCESS
+
+    def stop_ticks(self) -> None:
+        """Before destroying the node: no tick may use its publisher or clock afterwards."""
+        self._stop_timer()
 
     def _stop_timer(self) -> None:
         """No more ticks: the timer goes, and the tick in flight (if any) finishes first."""
@@ -245,20 +249,19 @@ class VlaPolicyNode(LifecycleNode):
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 
+    def _on_timer(self) -> None:
+        """Executor thread: apply live settings that touch ROS objects, then wake the tick thread."""
+        self._apply_live_settings()
+        if self._worker is not None:
+            self._worker.request()
+
     def _on_tick(self) -> None:
+        """Tick thread: one observation -> one trajectory (or a counted, logged skip)."""
         engine = self._engine
         if engine is None:
             return
-        now_ns = self._now_ns()
-        if now_ns == 0:
-            # use_sim_time before the first /clock: time is 0, nothing is meaningful yet.
-            self._report_skip(SkipTick('waiting_for_clock', 'use_sim_time is set and no /clock has arrived'))
-            return
-        settings = self._tick_settings()
-        self._apply_live_settings()
-        outcome = engine.run(self.buffer, settings, now_ns)
+        outcome = engine.run(self.buffer, self._tick_settings(), self._now_ns())
         if outcome.skip is not None:
-            self._skips_since_diagnostics += 1
             self._report_skip(outcome.skip)
             return
         plan = outcome.plan
@@ -271,40 +274,43 @@ class VlaPolicyNode(LifecycleNode):
         self.stats.record_published()
 
     def _on_tick_error(self, exc: BaseException) -> None:
-        self._skips_since_diagnostics += 1
         self.stats.record(TickOutcome(now_ns=self._now_ns(), skip=SkipTick('internal_error', repr(exc))))
         if self._reporter.should_report('internal_error'):
             self.get_logger().error(f'tick failed, nothing published: {exc!r}')
 
     def _apply_live_settings(self) -> None:
-        """Side effects of live parameters that are more than a value read at the tick."""
+        """Live parameters that are more than a value read at the tick (executor thread only)."""
         runtime = self.runtime
-        runtime.cache.resize(self._param('cache_max_bytes'), self._param('cache_max_entries'))
+        if runtime is not None:
+            runtime.cache.resize(self._param('cache_max_bytes'), self._param('cache_max_entries'))
         rate = float(self._param('control_rate_hz'))
         if rate != self._timer_rate_hz and self._timer is not None:
             self._timer.timer_period_ns = int(1e9 / rate)
             self._timer_rate_hz = rate
+        diagnostics_ns = int(1e9 * float(self._param('diagnostics_period_sec')))
+        if diagnostics_ns != self._diagnostics_timer.timer_period_ns:
+            self._diagnostics_timer.timer_period_ns = diagnostics_ns
 
     def _report_skip(self, skip: SkipTick) -> None:
-        if skip.reason == 'waiting_for_clock':
-            self.stats.record(TickOutcome(now_ns=0, skip=skip))
         if self._reporter.should_report(f'{skip.reason}:{skip.topic}'):
             where = f' on {skip.topic}' if skip.topic else ''
             self.get_logger().warning(f'tick skipped [{skip.reason}]{where}: {skip}')
 
     # ---- diagnostics ---------------------------------------------------------------------
     def _publish_diagnostics(self) -> None:
+        self._apply_live_settings()
         runtime = self.runtime
         now_ns = self._now_ns()
+        stats = self.stats.snapshot()
+        new_skips = stats.skipped_total - self._skips_at_last_diagnostics
+        self._skips_at_last_diagnostics = stats.skipped_total
         if self._configure_error:
             level, message = DiagnosticStatus.ERROR, f'unconfigured: {self._configure_error}'
-        elif self._skips_since_diagnostics:
+        elif new_skips:
             level = DiagnosticStatus.WARN
-            message = f'{self._lifecycle_label}; {self._skips_since_diagnostics} tick(s) skipped, last: ' \
-                      f'{self.stats.last_skip}'
+            message = f'{self._lifecycle_label}; {new_skips} tick(s) skipped, last: {stats.last_skip}'
         else:
             level, message = DiagnosticStatus.OK, self._lifecycle_label
-        self._skips_since_diagnostics = 0
         info: Dict[str, object] = {'lifecycle_state': self._lifecycle_label,
                                    'dry_run': self._param('dry_run')}
         if runtime is not None:
@@ -313,7 +319,7 @@ class VlaPolicyNode(LifecycleNode):
                         prefix_entry_bytes=runtime.prefix_bytes())
         self._diagnostics_pub.publish(diagnostics_msg(
             now_ns, f'{self.get_name()}: policy', str(runtime.device) if runtime else 'none', level, message, info,
-            self.stats, runtime.cache.stats() if runtime else None, self.buffer.camera_ages(now_ns)))
+            stats, runtime.cache.stats() if runtime else None, self.buffer.camera_ages(now_ns)))
 
 
 def main(args: Optional[List[str]] = None) -> int:
@@ -332,6 +338,7 @@ def main(args: Optional[List[str]] = None) -> int:
         pass
     finally:
         if node is not None:
+            node.stop_ticks()
             node.destroy_node()
         rclpy.try_shutdown()
     return 0

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+# The runtime refuses longer instructions whatever max_instruction_length says; the range stops there.
+from ..runtime import MAX_INSTRUCTION_CHARS
 from ..trajectory import STAMP_MODES
 
 BUILTIN_TINY = 'builtin:tiny'
@@ -46,7 +48,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec('device', 'auto', 'string', 'torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:1 ...',
               read_only=True),
     ParamSpec('dtype', 'auto', 'string', 'compute dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16',
-              read_only=True, choices=('auto', 'float32', 'bfloat16', 'float16')),
+              read_only=True, choices=('auto', 'float32', 'bfloat16')),
     ParamSpec('cpu_threads', 0, 'int',
               'torch CPU threads; 0: torch default. 1-2 on a CPU-only machine shared with other processes.',
               read_only=True, min_value=0, max_value=256),
@@ -91,7 +93,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'controller drops points that elapsed during inference).', choices=STAMP_MODES),
     ParamSpec('instruction', '', 'string', 'Default instruction, used until one arrives on instruction_topic.'),
     ParamSpec('max_instruction_length', 500, 'int', 'Longer instructions are refused (tick skipped).',
-              min_value=1, max_value=100000),
+              min_value=1, max_value=MAX_INSTRUCTION_CHARS),
     ParamSpec('joint_lower_limits', None, 'double_array',
               'Per-joint lower bound for published positions; unset: no clipping.'),
     ParamSpec('joint_upper_limits', None, 'double_array',
@@ -143,15 +145,6 @@ def validate_value(spec: ParamSpec, value: Any) -> Optional[str]:
         return f'{spec.name} must be finite'
     if spec.type_name == 'double_array' and value is not None and not all(math.isfinite(v) for v in value):
         return f'{spec.name} must hold finite numbers'
-    return None
-
-
-def validate_limits(lower: Sequence[float], upper: Sequence[float], joints: int) -> Optional[str]:
-    for name, values in (('joint_lower_limits', lower), ('joint_upper_limits', upper)):
-        if values and len(values) != joints:
-            return f'{name} has {len(values)} values for {joints} joints'
-    if lower and upper and any(lo > hi for lo, hi in zip(lower, upper)):
-        return 'joint_lower_limits must not exceed joint_upper_limits'
     return None
 
 

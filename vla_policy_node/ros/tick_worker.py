@@ -43,4 +43,7 @@ class TickWorker:
             try:
                 self._tick()
             except Exception as exc:  # a bug in one tick must not stop the robot's control loop
-                self._on_error(exc)
+                try:
+                    self._on_error(exc)
+                except Exception:  # noqa: S110 - the report itself failed (e.g. during shutdown)
+                    pass
