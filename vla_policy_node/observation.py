@@ -69,7 +69,11 @@ class AssembledObservation:
     observation: Observation
     stamp_ns: int                       # the newest camera stamp: when the scene was seen
     camera_ages_sec: Dict[str, float] = field(default_factory=dict)
-    current_positions: Optional[np.ndarray] = None
+
+    @property
+    def current_positions(self) -> np.ndarray:
+        """Joint positions at the tick (the state vector, in state_joint_names order)."""
+        return self.observation.state
 
 
 class InputBuffer:
@@ -126,7 +130,7 @@ class InputBuffer:
         state = self._check_joint_state(settings, joint_state, now_ns)
         text = self._check_instruction(settings, instruction)
         return AssembledObservation(Observation(images=images, state=state, instruction=text),
-                                    stamp_ns=max(stamps), camera_ages_sec=ages, current_positions=state)
+                                    stamp_ns=max(stamps), camera_ages_sec=ages)
 
     @staticmethod
     def _check_cameras(settings: AssemblySettings, cameras: Mapping[str, _Stamped], faults: Mapping[str, str],

@@ -38,9 +38,6 @@ from .params import BUILTIN_TINY, PARAMETERS, SPECS, descriptor, validate_value
 from .tick_worker import TickWorker
 
 TRAJECTORY_QOS_DEPTH = 10
-_ROS_TYPES = {'bool': Parameter.Type.BOOL, 'int': Parameter.Type.INTEGER, 'double': Parameter.Type.DOUBLE,
-              'string': Parameter.Type.STRING, 'string_array': Parameter.Type.STRING_ARRAY,
-              'double_array': Parameter.Type.DOUBLE_ARRAY}
 
 
 class VlaPolicyNode(LifecycleNode):
@@ -69,15 +66,17 @@ class VlaPolicyNode(LifecycleNode):
     # ---- parameters ------------------------------------------------------------------------
     def _declare_parameters(self) -> None:
         for spec in PARAMETERS:
-            value = _ROS_TYPES[spec.type_name] if spec.default is None else spec.default
+            spec_descriptor = descriptor(spec)
+            # No default: declare by type only (an empty list would be inferred as a byte array).
+            value = Parameter.Type(spec_descriptor.type) if spec.default is None else spec.default
             try:
-                self.declare_parameter(spec.name, value, descriptor(spec))
+                self.declare_parameter(spec.name, value, spec_descriptor)
             except (InvalidParameterValueException, InvalidParameterTypeException) as exc:
                 # A bad value in the params file must not kill the process: keep the
                 # default, refuse to configure, and say why.
                 self._param_errors.append(f'{spec.name}: {exc}')
                 self.get_logger().error(f'parameter {spec.name} refused: {exc}; using the default')
-                self.declare_parameter(spec.name, value, descriptor(spec), ignore_override=True)
+                self.declare_parameter(spec.name, value, spec_descriptor, ignore_override=True)
             else:
                 reason = self._value_problem(spec.name, self._param(spec.name))
                 if reason:
