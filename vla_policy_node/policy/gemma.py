@@ -63,6 +63,28 @@ class GemmaDecoderLayer(nn.Module):
             return which(x, cond)
         return which(x), None
 
+    def forward(self, x: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor, cond: Optional[torch.Tensor] = None, kv_only: bool = False) -> torch.Tensor:
+        """One block, for the prefix and the suffix alike.
+
+        x [B, S, W]; kv [2, B, K, T, D] this layer's K/V buffer: the block writes its own
+        k, v at positions [start, start + S) and attends to all T positions (the prefix
+        pass: start 0, T = S; the suffix pass: start P, T = P + S, the prefix already
+        there and never written). mask additive, folded [B, 1, G*S, T]; cond [B, W]
+        for adaptive norms. ``kv_only``: stop once K/V are written (the last prefix
+        layer, whose output nothing reads). Returns x [B, S, W].
+        """
+        h, gate = self.norm(self.input_layernorm, x, cond)
+        q, k, v = self.self_attn.project_qkv(h, cos, sin)           # q [B, H, S, D]; k, v [B, K, S, D]
+        kv[0, :, :, start:start + x.shape[1]] = k
+        kv[1, :, :, start:start + x.shape[1]] = v
+        if kv_only:
+            return x
+        attn = grouped_query_attention(q, kv[0], kv[1], mask)        # [B, H, S, D]
+        x = gated_residual(x, self.self_attn.project_out(attn), gate)
+        h, gate = self.norm(self.post_attention_layernorm, x, cond)
+        return gated_residual(x, self.mlp(h), gate)
+
 
 def _norm(width: int, eps: float, cond_dim: Optional[int]) -> nn.Module:
     return AdaptiveRMSNorm(width, cond_dim, eps) if cond_dim is not None else RMSNorm(width, eps)
@@ -108,16 +130,7 @@ class GemmaStack(nn.Module):
         kv = x.new_empty(size.depth, 2, batch, size.num_kv_heads, prefix_len, size.head_dim)
         mask = fold_mask(mask, size.num_heads // size.num_kv_heads)
         for i, layer in enumerate(self.layers):
-            h, _ = layer.norm(layer.input_layernorm, x, None)
-            q, k, v = layer.self_attn.project_qkv(h, cos, sin)
-            kv[i, 0] = k
-            kv[i, 1] = v
-            if i == size.depth - 1:
-                break
-            attn = grouped_query_attention(q, k, v, mask)
-            x = x + layer.self_attn.project_out(attn)
-            h, _ = layer.norm(layer.post_attention_layernorm, x, None)
-            x = x + layer.mlp(h)
+            x = layer(x, kv[i], 0, cos, sin, mask, kv_only=i == size.depth - 1)
         return kv
 
     def suffix_forward(self, x: torch.Tensor, kv_workspace: torch.Tensor, prefix_len: int,
@@ -131,12 +144,5 @@ class GemmaStack(nn.Module):
         hidden states [B, S, W]. Pass the mask through ``fold_mask`` once per chunk.
         """
         for i, layer in enumerate(self.layers):
-            h, gate = layer.norm(layer.input_layernorm, x, cond)
-            q, k, v = layer.self_attn.project_qkv(h, cos, sin)
-            kv_workspace[i, 0, :, :, prefix_len:] = k
-            kv_workspace[i, 1, :, :, prefix_len:] = v
-            attn = grouped_query_attention(q, kv_workspace[i, 0], kv_workspace[i, 1], mask)
-            x = gated_residual(x, layer.self_attn.project_out(attn), gate)
-            h, gate = layer.norm(layer.post_attention_layernorm, x, cond)
-            x = gated_residual(x, layer.mlp(h), gate)
+            x = layer(x, kv_workspace[i], prefix_len, cos, sin, mask, cond)
         return self.final_norm(x, cond)
