@@ -34,8 +34,10 @@ from vla_policy_node.policy.config import preset  # noqa: E402
 from vla_policy_node.policy.normalize import FeatureNormalizer  # noqa: E402
 from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
 from vla_policy_node.policy.tiny_default import statistics as norm_statistics  # noqa: E402
-from vla_policy_node.policy.tokenizer import PromptTokenizer, build_test_tokenizer  # noqa: E402
-from vla_policy_node.runtime import STAGES, Observation, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402
+from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer  # noqa: E402
+from vla_policy_node.policy.tokenizer import PromptTokenizer  # noqa: E402
+from vla_policy_node.observation import Observation  # noqa: E402
+from vla_policy_node.runtime import STAGES, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402
 
 FRAME_HEIGHT, FRAME_WIDTH = 480, 640
 INSTRUCTION = 'pick up the red block and put it in the bin'

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from vla_policy_node.images import (
@@ -14,11 +15,10 @@ from vla_policy_node.images import (
     ImageDecodeError,
     RawImage,
     decode_frame,
-    describe,
     frame_buffer,
     frame_from_msg,
-    to_unit_float,
 )
+from vla_policy_node.policy.preprocess import image_to_unit_tensor
 
 HEIGHT, WIDTH = 4, 5
 
@@ -316,50 +316,39 @@ def test_empty_compressed_data_is_rejected():
 
 
 # --------------------------------------------------------------------------
-# to_unit_float
+# Decoded array -> unit tensor (policy/preprocess.py, the one conversion the runtime uses)
 # --------------------------------------------------------------------------
 
 
-def test_to_unit_float_scales_integer_ranges():
+def unit(image):
+    return image_to_unit_tensor(image, torch.device("cpu")).permute(1, 2, 0).numpy()
+
+
+def test_unit_tensor_scales_integer_ranges():
     eight = np.array([[[0, 255, 51]]], dtype=np.uint8)
     sixteen = np.array([[[0, 65535, 13107]]], dtype=np.uint16)
-
     for image in (eight, sixteen):
-        unit = to_unit_float(image)
-        assert unit.dtype == np.float32
-        np.testing.assert_allclose(unit, [[[0.0, 1.0, 0.2]]], atol=1e-6)
+        np.testing.assert_allclose(unit(image), [[[0.0, 1.0, 0.2]]], atol=1e-6)
 
 
-def test_to_unit_float_clips_floats_and_zeroes_non_finite():
+def test_unit_tensor_clips_floats_and_zeroes_non_finite():
     depth = np.array([[[-1.0], [0.25], [7.0], [np.nan], [np.inf], [-np.inf]]], dtype=np.float32)
-
-    unit = to_unit_float(depth)
-
-    assert unit.shape == (1, 6, 3)
-    np.testing.assert_array_equal(unit[0, :, 0], [0.0, 0.25, 1.0, 0.0, 0.0, 0.0])
+    out = unit(depth)
+    assert out.shape == (1, 6, 3)
+    np.testing.assert_array_equal(out[0, :, 0], [0.0, 0.25, 1.0, 0.0, 0.0, 0.0])
 
 
-def test_to_unit_float_broadcasts_grey_to_three_writable_channels():
-    grey = np.array([[[0], [255]]], dtype=np.uint8)
-
-    unit = to_unit_float(grey)
-
-    assert unit.shape == (1, 2, 3)
-    np.testing.assert_array_equal(unit[0, 1], [1.0, 1.0, 1.0])
-    unit[0, 0, 0] = 0.5  # must be a real array, not a read-only broadcast
-    assert unit[0, 0, 1] == 0.0
-
-
-def test_to_unit_float_accepts_read_only_views_from_decode():
+def test_unit_tensor_broadcasts_grey_and_accepts_read_only_views_from_decode():
+    np.testing.assert_array_equal(unit(np.array([[[0], [255]]], dtype=np.uint8))[0, 1], [1.0, 1.0, 1.0])
     rgb = reference_rgb()
     decoded = decode_frame(raw(rgb[:, :, ::-1].copy(), "bgr8"))
-    np.testing.assert_allclose(to_unit_float(decoded), rgb / 255.0, atol=1e-6)
+    np.testing.assert_allclose(unit(decoded), rgb / 255.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape, dtype", [((2, 2), np.uint8), ((2, 2, 4), np.uint8), ((2, 2, 3), np.int32)])
-def test_to_unit_float_rejects_non_canonical_arrays(shape, dtype):
-    with pytest.raises(ImageDecodeError):
-        to_unit_float(np.zeros(shape, dtype=dtype))
+@pytest.mark.parametrize("shape", [(2, 2), (2, 2, 4)])
+def test_unit_tensor_rejects_non_canonical_arrays(shape):
+    with pytest.raises(ValueError):
+        unit(np.zeros(shape, dtype=np.uint8))
 
 
 # --------------------------------------------------------------------------
@@ -371,12 +360,6 @@ def test_supported_encodings_lists_the_raw_encodings():
     for encoding in ("rgb8", "bgr8", "rgba8", "bgra8", "mono8", "mono16", "16UC1", "32FC1"):
         assert encoding in SUPPORTED_ENCODINGS
     assert "8UC3" not in SUPPORTED_ENCODINGS
-
-
-def test_describe_raw_and_compressed():
-    assert describe(RawImage(480, 640, "rgb8", 1920, False, b"")) == "rgb8 640x480 step 1920"
-    assert describe(RawImage(2, 2, "mono16", 4, True, b"")) == "mono16 2x2 step 4 big-endian"
-    assert describe(CompressedFrame("jpeg", bytes(12345))) == "jpeg (12345 bytes)"
 
 
 def test_frame_from_msg_rejects_other_objects():
@@ -431,7 +414,7 @@ def test_frame_from_rclpy_compressed_image():
     frame = frame_from_msg(msg)
 
     assert isinstance(frame, CompressedFrame)
-    assert describe(frame).startswith("rgb8; png compressed bgr8 (")
+    assert frame.format == "rgb8; png compressed bgr8"
     np.testing.assert_array_equal(decode_frame(frame), rgb)
 
 

@@ -4,12 +4,12 @@ import time
 import numpy as np
 import pytest
 
+from tokenizer_fixtures import export_tokenizer_json
+from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer
 from vla_policy_node.policy.tokenizer import (
     PromptTokenizer,
     TokenizerError,
-    build_test_tokenizer,
     discretize_state,
-    export_tokenizer_json,
     format_pi0_prompt,
     format_pi05_prompt,
 )

@@ -14,7 +14,6 @@ Pipeline:
   RGB (or ``[H, W, 1]`` for grey/depth) with the source's dtype (uint8,
   uint16 or float32). Raw images are returned as views of the message buffer
   whenever the layout allows it, so decoding a 1080p frame costs no copy.
-* :func:`to_unit_float` turns a canonical array into float32 RGB in [0, 1].
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from __future__ import annotations
 import io
 import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Tuple, Union
 
 import numpy as np
 
@@ -33,10 +32,8 @@ __all__ = [
     "ImageDecodeError",
     "RawImage",
     "decode_frame",
-    "describe",
     "frame_buffer",
     "frame_from_msg",
-    "to_unit_float",
 ]
 
 
@@ -339,55 +336,3 @@ def _pillow_to_canonical(image, image_format: str) -> np.ndarray:
 
 def _as_grey(pixels: np.ndarray) -> np.ndarray:
     return pixels.reshape(pixels.shape[0], pixels.shape[1], 1)
-
-
-# --------------------------------------------------------------------------
-# Canonical array -> model input
-# --------------------------------------------------------------------------
-
-_UNIT_SCALE = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}
-
-
-def to_unit_float(image: np.ndarray) -> np.ndarray:
-    """Map a canonical array to a new float32 ``[H, W, 3]`` array in [0, 1].
-
-    Integers are scaled by their full range; floats (depth, intensity) are
-    clipped, with NaN and infinities set to 0. Grey is repeated to 3 channels.
-    """
-    if image.ndim != 3 or image.shape[2] not in (1, 3):
-        raise ImageDecodeError(
-            f"expected an [H, W, 1] or [H, W, 3] image, got shape {image.shape}"
-        )
-    unit = _scale_to_unit(image)
-    if unit.shape[2] == 1:
-        return np.repeat(unit, 3, axis=2)
-    return unit
-
-
-def _scale_to_unit(image: np.ndarray) -> np.ndarray:
-    scale: Optional[float] = _UNIT_SCALE.get(image.dtype.newbyteorder("="))
-    if scale is not None:
-        return image.astype(np.float32) / np.float32(scale)
-    if image.dtype.kind == "f":
-        finite = np.nan_to_num(
-            image.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0
-        )
-        return np.clip(finite, 0.0, 1.0)
-    raise ImageDecodeError(
-        f"cannot scale image of dtype {image.dtype} to [0, 1]; "
-        "expected uint8, uint16 or float32"
-    )
-
-
-def describe(frame: Frame) -> str:
-    """Short human-readable summary of a frame for log lines; never raises."""
-    if isinstance(frame, RawImage):
-        text = f"{frame.encoding} {frame.width}x{frame.height} step {frame.step}"
-        return text + " big-endian" if frame.is_bigendian else text
-    if isinstance(frame, CompressedFrame):
-        try:
-            size = str(frame_buffer(frame).nbytes)
-        except ImageDecodeError:
-            size = "?"
-        return f"{frame.format} ({size} bytes)"
-    return f"<not a frame: {type(frame).__name__}>"

@@ -17,7 +17,7 @@ import torch
 from .checkpoint import save_checkpoint
 from .config import PolicyConfig, preset
 from .pi0 import PiZeroModel
-from .tokenizer import build_test_tokenizer
+from .tiny_tokenizer import build_test_tokenizer
 
 DEFAULT_SEED = 0
 # Joint-space statistics of a plausible 6-joint arm (radians): actions stay within ~±1 rad.
