@@ -56,7 +56,7 @@ setup(
     license='Apache-2.0',
     entry_points={
         'console_scripts': [
-            'vla_policy_node = vla_policy_node.ros.node:main',
+            'vla_policy_node = vla_policy_node.ros.main:main',
             'vla_policy_replay = vla_policy_node.replay.offline:main',
             'vla_policy_play = vla_policy_node.replay.play:main',
             'vla_policy_make_bag = vla_policy_node.replay.make_bag:main',

@@ -112,7 +112,7 @@ def write_params(path: Path, params: Dict[str, object], node_name: str = NODE_NA
 def node_command() -> List[str]:
     """Prefer the installed console script; fall back to the module (package not installed)."""
     exe = shutil.which('vla_policy_node')
-    return [exe] if exe else [sys.executable, '-m', 'vla_policy_node.ros.node']
+    return [exe] if exe else [sys.executable, '-m', 'vla_policy_node.ros.main']
 
 
 # ---- the node subprocess -----------------------------------------------------------------------

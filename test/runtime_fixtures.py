@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from vla_policy_node.policy.tiny_default import write_tiny_default
-from vla_policy_node.runtime import Observation, PolicyRuntime
+from vla_policy_node.observation import Observation
+from vla_policy_node.runtime import PolicyRuntime
 
 POLICY_TYPES = ('pi0', 'pi05')
 INSTRUCTION = 'pick up the red cube'

@@ -22,7 +22,7 @@ from rclpy.parameter import Parameter  # noqa: E402
 
 from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
 from vla_policy_node.ros.node import VlaPolicyNode  # noqa: E402
-from vla_policy_node.ros.params import PARAMETERS, SPECS  # noqa: E402
+from vla_policy_node.params import PARAMETERS, SPECS  # noqa: E402
 
 TYPES = {'bool': ParameterType.PARAMETER_BOOL, 'int': ParameterType.PARAMETER_INTEGER,
          'double': ParameterType.PARAMETER_DOUBLE, 'string': ParameterType.PARAMETER_STRING,
@@ -81,7 +81,7 @@ def test_every_parameter_is_declared_with_its_descriptor(make_node):
         else:
             assert not descriptor.floating_point_range and not descriptor.integer_range
         if spec.default is None:
-            assert node._param(spec.name) is None      # typed, unset
+            assert node.params.value(spec.name) is None      # typed, unset
         else:
             assert node.get_parameter(spec.name).value == spec.default
     read_only = {spec.name for spec in PARAMETERS if spec.read_only}
@@ -176,7 +176,7 @@ def test_missing_joint_names_refuses_configure(make_node, checkpoint):
 
 @pytest.mark.timeout(60)
 def test_params_module_prints_a_table_row_per_parameter(tmp_path):
-    out = subprocess.run([sys.executable, '-m', 'vla_policy_node.ros.params'], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, '-m', 'vla_policy_node.params'], capture_output=True, text=True,
                          env=ros_env(DOMAIN_ID, tmp_path), cwd=str(REPO_ROOT), timeout=50, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith('| `')]
     assert len(rows) == len(PARAMETERS)

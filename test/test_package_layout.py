@@ -44,15 +44,15 @@ def test_torch_is_never_pinned_exactly():
 
 
 def test_config_yaml_documents_every_parameter():
-    from vla_policy_node.ros.params import yaml_document
+    from vla_policy_node.params import yaml_document
 
     assert (ROOT / 'config' / 'vla_policy.yaml').read_text().splitlines() == yaml_document(), \
-        'config/vla_policy.yaml is stale: python -m vla_policy_node.ros.params --yaml > config/vla_policy.yaml'
+        'config/vla_policy.yaml is stale: python -m vla_policy_node.params --yaml > config/vla_policy.yaml'
 
 
 def test_readme_tables_are_generated_from_the_declared_parameters():
-    from vla_policy_node.ros.params import markdown_table, topics_table
+    from vla_policy_node.params import markdown_table, topics_table
 
     readme = (ROOT / 'README.md').read_text()
-    assert markdown_table() in readme, 'README parameter table is stale: python -m vla_policy_node.ros.params'
-    assert topics_table() in readme, 'README topics table is stale: python -m vla_policy_node.ros.params --topics'
+    assert markdown_table() in readme, 'README parameter table is stale: python -m vla_policy_node.params'
+    assert topics_table() in readme, 'README topics table is stale: python -m vla_policy_node.params --topics'

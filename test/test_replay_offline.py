@@ -11,7 +11,7 @@ from vla_policy_node.policy.tiny_default import write_tiny_default
 from vla_policy_node.replay.bag_io import BagError, read_messages
 from vla_policy_node.replay.make_bag import SampleBagSpec, in_hold_window, write_sample_bag
 from vla_policy_node.replay.offline import replay
-from vla_policy_node.settings import SettingsError
+from vla_policy_node.params import ParameterError
 from vla_policy_node.trajectory import check_controller_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,9 +121,9 @@ def test_missing_bag_topic_and_params_errors(bag, checkpoint, tmp_path):
                                                 '/cameras/left_wrist_0_rgb/image_raw/compressed',
                                                 '/cameras/right_wrist_0_rgb/image_raw']),
                tmp_path / 'o3', checkpoint=str(checkpoint))
-    with pytest.raises(SettingsError, match='stamp_mode must be one of'):
+    with pytest.raises(ParameterError, match='stamp_mode must be one of'):
         replay(bag_path, _params(tmp_path, stamp_mode='later'), tmp_path / 'o4', checkpoint=str(checkpoint))
-    with pytest.raises(SettingsError, match=r"unknown parameter\(s\) \['control_rate'\]"):
+    with pytest.raises(ParameterError, match=r"unknown parameter\(s\) \['control_rate'\]"):
         replay(bag_path, _params(tmp_path, control_rate=5.0), tmp_path / 'o5', checkpoint=str(checkpoint))
 
 

@@ -9,7 +9,8 @@ from PIL import Image
 from runtime_fixtures import (CAMERAS, INSTRUCTION, make_observation, rgb_image, runtime,  # noqa: F401
                               tiny_checkpoint, tiny_checkpoints)
 from vla_policy_node.images import CompressedFrame, RawImage
-from vla_policy_node.runtime import STAGES, ObservationError, PolicyRuntime
+from vla_policy_node.observation import ObservationError, SkipReason
+from vla_policy_node.runtime import STAGES, PolicyRuntime
 
 
 def noise_for(runtime, seed: int) -> np.ndarray:
@@ -227,17 +228,15 @@ def test_corrupt_jpeg_is_an_observation_error_and_is_not_cached(runtime):
 
 # ---- instruction default, seeds ----------------------------------------------------------------
 
-def test_default_instruction_is_used_when_none_is_given(tiny_checkpoint):
-    runtime = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32',
-                                            default_instruction=INSTRUCTION)
-    explicit = runtime.infer(make_observation(instruction=INSTRUCTION), seed=0)
-    for missing in (None, '', '  '):
-        chunk = runtime.infer(make_observation(instruction=missing), seed=0)
-        assert chunk.cache_hit and chunk.key == explicit.key
-        assert np.array_equal(chunk.actions, explicit.actions)
-    # An explicit instruction still wins over the default.
-    other = runtime.infer(make_observation(instruction='open the drawer'), seed=0)
-    assert not other.cache_hit and other.key != explicit.key
+def test_instruction_length_bound_is_per_call_and_capped(runtime):
+    long_text = 'pick ' * 30                                     # 150 characters
+    assert not runtime.infer(make_observation(instruction=long_text), seed=0).cache_hit
+    with pytest.raises(ObservationError) as info:
+        runtime.infer(make_observation(instruction=long_text), seed=0, max_instruction_length=100)
+    assert (info.value.field, info.value.reason) == ('instruction', SkipReason.INSTRUCTION_TOO_LONG)
+    # No parameter can lift the bound past MAX_INSTRUCTION_CHARS.
+    with pytest.raises(ObservationError):
+        runtime.infer(make_observation(instruction='x' * 5000), seed=0, max_instruction_length=10 ** 6)
 
 
 def test_seeds(tiny_checkpoint):

@@ -52,7 +52,7 @@ def prepare(output: Path) -> Dict[str, Path]:
 
 def node_command(checkpoint: Path) -> List[str]:
     script = shutil.which('vla_policy_node')
-    launcher = [script] if script else [sys.executable, '-m', 'vla_policy_node.ros.node']
+    launcher = [script] if script else [sys.executable, '-m', 'vla_policy_node.ros.main']
     return launcher + ['--ros-args', '--params-file', str(DEMO_PARAMS), '-p', f'checkpoint_path:={checkpoint}',
                        '-p', 'use_sim_time:=true', '-p', 'stamp_mode:=observation']
 
@@ -138,7 +138,7 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, obj
 
     from .replay.bag_io import bag_topics, read_messages
     from .replay.play import play
-    from .ros.params import DEFAULT_TRAJECTORY_TOPIC
+    from .params import DEFAULT_TRAJECTORY_TOPIC
 
     live_bag = output / 'live_trajectories'
     shutil.rmtree(live_bag, ignore_errors=True)

@@ -1,57 +1,170 @@
-"""Observation assembly: the latest message per input, checked, turned into an Observation.
+"""The observation contract: what one control tick feeds the policy, and why a tick is skipped.
 
-Shared by the live node and the offline replay (no rclpy: messages are
-duck-typed, so rclpy messages and rosbags messages both work). Callbacks only
-store; every check happens at the control tick, where a failure becomes a
-``SkipTick`` naming the reason, the topic and the fault.
+    topic messages --InputBuffer.put--> latest per input --assemble--> Observation --runtime.infer-->
+
+Two owners, one rule each:
+- ``InputBuffer`` (here) owns timing and topics: an input missing, stale,
+  from the future, cameras skewed, joint names that do not map.
+- ``PolicyRuntime`` owns content: frame geometry and encoding, a finite state
+  of the right size, a non-empty instruction within its length. It raises
+  ``ObservationError`` carrying the ``SkipReason``; the tick turns either into
+  a ``SkipTick`` naming the topic through ``InputLayout.topic_of``.
+
+No rclpy: messages are duck-typed, so rclpy messages and rosbags messages
+both work, and the node and the offline replay share every check.
 """
 from __future__ import annotations
 
-import math
+import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .images import Frame, ImageDecodeError, check_frame, frame_from_msg
-from .runtime import Observation
-
 NS_PER_SEC = 1_000_000_000
+# Instructions are free text from a topic; beyond this bound no parameter can admit them.
+MAX_INSTRUCTION_CHARS = 2000
+
+
+class SkipReason(str, enum.Enum):
+    """Why a tick published no policy trajectory; the value is the diagnostics counter suffix."""
+
+    WAITING_FOR_CLOCK = 'waiting_for_clock'
+    CAMERA_MISSING = 'camera_missing'
+    CAMERA_STALE = 'camera_stale'
+    CAMERA_FUTURE = 'camera_future'
+    CAMERA_SKEW = 'camera_skew'
+    BAD_IMAGE = 'bad_image'
+    JOINT_STATE_MISSING = 'joint_state_missing'
+    JOINT_STATE_STALE = 'joint_state_stale'
+    JOINT_STATE_MALFORMED = 'joint_state_malformed'
+    JOINT_STATE_MISSING_JOINTS = 'joint_state_missing_joints'
+    JOINT_STATE_NONFINITE = 'joint_state_nonfinite'
+    INSTRUCTION_MISSING = 'instruction_missing'
+    INSTRUCTION_EMPTY = 'instruction_empty'
+    INSTRUCTION_TOO_LONG = 'instruction_too_long'
+    BAD_INPUT = 'bad_input'
+    INVALID_ACTIONS = 'invalid_actions'
+    INTERNAL_ERROR = 'internal_error'
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
 
 
 class SkipTick(Exception):
-    """A control tick that must not produce a trajectory.
+    """A control tick that must not produce a trajectory: the reason, the topic at fault (if one), what is wrong."""
 
-    ``reason`` is a short stable identifier (a diagnostics counter key);
-    ``topic`` the input at fault, if one is; the message says what is wrong.
-    """
-
-    def __init__(self, reason: str, message: str, topic: str = '') -> None:
+    def __init__(self, reason: SkipReason, message: str, topic: str = '') -> None:
         super().__init__(message)
-        self.reason = reason
+        self.reason = SkipReason(reason)
         self.topic = topic
 
+    def describe(self) -> str:
+        """'[reason] on topic: what is wrong', for log lines."""
+        where = f' on {self.topic}' if self.topic else ''
+        return f'[{self.reason}]{where}: {self}'
 
-@dataclass(frozen=True)
-class AssemblySettings:
-    """The checks an observation must pass; from ROS parameters."""
 
-    camera_names: Tuple[str, ...]
-    camera_topics: Tuple[str, ...]
-    state_joint_names: Tuple[str, ...]
-    joint_states_topic: str
-    instruction_topic: str
-    default_instruction: str = ''
-    max_image_age_sec: float = 0.5
-    max_camera_skew_sec: float = 0.1
-    max_joint_state_age_sec: float = 0.5
-    max_instruction_length: int = 500
+class ObservationError(ValueError):
+    """An observation the runtime refuses; ``field`` names the input ('images.<camera>', 'state', ...)."""
+
+    def __init__(self, field_name: str, message: str, reason: SkipReason = SkipReason.BAD_INPUT) -> None:
+        super().__init__(f'{field_name}: {message}')
+        self.field = field_name
+        self.reason = SkipReason(reason)
 
 
 @dataclass
+class Observation:
+    """One control tick's inputs.
+
+    images: camera name -> a camera message (sensor_msgs/Image or CompressedImage,
+      rclpy or rosbags), a RawImage / CompressedFrame, an RGB uint8 array
+      [H, W, 3], or None for a camera that is absent (masked). Cameras the model
+      knows but the dict lacks are masked too.
+    state: the robot state vector [state_dim], unnormalised (joint positions ...).
+    instruction: the task text.
+    """
+
+    images: Mapping[str, Any]
+    state: np.ndarray
+    instruction: Optional[str] = None
+
+
+# ---- which topic feeds which input ---------------------------------------------------------------
+
+class InputKind(enum.Enum):
+    CAMERA = 'camera'
+    JOINT_STATE = 'joint_state'
+    INSTRUCTION = 'instruction'
+
+
+@dataclass(frozen=True)
+class InputTopic:
+    """One subscribed topic and the observation field it fills."""
+
+    topic: str
+    kind: InputKind
+    camera: str = ''              # camera name, for CAMERA inputs
+    compressed: bool = False      # sensor_msgs/CompressedImage instead of Image
+
+    @property
+    def field(self) -> str:
+        """The Observation field this topic fills, as ObservationError names it."""
+        if self.kind is InputKind.CAMERA:
+            return f'images.{self.camera}'
+        return 'state' if self.kind is InputKind.JOINT_STATE else 'instruction'
+
+    @property
+    def msg_type(self) -> str:
+        if self.kind is InputKind.CAMERA:
+            return 'sensor_msgs/msg/CompressedImage' if self.compressed else 'sensor_msgs/msg/Image'
+        return 'sensor_msgs/msg/JointState' if self.kind is InputKind.JOINT_STATE else 'std_msgs/msg/String'
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """Every input topic, fixed at configure: cameras in camera order, joint states, instruction."""
+
+    cameras: Tuple[InputTopic, ...]
+    joint_states: InputTopic
+    instruction: InputTopic
+    state_joint_names: Tuple[str, ...]
+
+    @property
+    def inputs(self) -> Tuple[InputTopic, ...]:
+        return self.cameras + (self.joint_states, self.instruction)
+
+    @property
+    def camera_names(self) -> Tuple[str, ...]:
+        return tuple(camera.camera for camera in self.cameras)
+
+    def by_topic(self) -> Dict[str, InputTopic]:
+        return {entry.topic: entry for entry in self.inputs}
+
+    def topic_of(self, field_name: str) -> str:
+        """The topic behind an observation field ('' for fields no topic fills, such as noise)."""
+        return next((entry.topic for entry in self.inputs if entry.field == field_name), '')
+
+
+@dataclass(frozen=True)
+class TimingLimits:
+    """The live timing checks an observation must pass; from parameters."""
+
+    max_image_age_sec: float = 0.5
+    max_camera_skew_sec: float = 0.1
+    max_joint_state_age_sec: float = 0.5
+    default_instruction: str = ''     # used until an instruction arrives
+
+
+# ---- the latest message per input ------------------------------------------------------------------
+
+@dataclass
 class _Stamped:
-    value: object
+    value: Any
     stamp_ns: int      # header stamp, or receive time when the header is unset
     receive_ns: int
 
@@ -77,134 +190,121 @@ class AssembledObservation:
 
 
 class InputBuffer:
-    """Latest message per input, written by subscription callbacks, read at each tick."""
+    """Latest message per input, written by subscription callbacks (or the replay), read at each tick."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cameras: Dict[str, _Stamped] = {}
-        self._camera_faults: Dict[str, str] = {}
         self._joint_state: Optional[_Stamped] = None
         self._instruction: Optional[_Stamped] = None
 
-    # ---- writers (callbacks) --------------------------------------------------------
-    def put_camera(self, name: str, msg: object, receive_ns: int) -> None:
-        try:
-            frame: Optional[Frame] = frame_from_msg(msg)
-            check_frame(frame)  # cheap (no decoding): a malformed frame is reported as bad_image on its topic
-            fault = ''
-        except ImageDecodeError as exc:
-            frame, fault = None, str(exc)
-        stamp = header_stamp_ns(msg) or receive_ns
+    # ---- writer (callbacks): store only; every check waits for the tick ----------------------------
+    def put(self, entry: InputTopic, msg: Any, receive_ns: int) -> None:
+        """Store ``msg`` received on ``entry.topic`` at ``receive_ns``."""
+        if entry.kind is InputKind.INSTRUCTION:
+            stamped = _Stamped(msg.data, receive_ns, receive_ns)
+        else:
+            stamped = _Stamped(msg, header_stamp_ns(msg) or receive_ns, receive_ns)
         with self._lock:
-            self._cameras[name] = _Stamped(frame, stamp, receive_ns)
-            self._camera_faults[name] = fault
-
-    def put_joint_state(self, msg: object, receive_ns: int) -> None:
-        with self._lock:
-            self._joint_state = _Stamped(msg, header_stamp_ns(msg) or receive_ns, receive_ns)
-
-    def put_instruction(self, text: str, receive_ns: int) -> None:
-        with self._lock:
-            self._instruction = _Stamped(text, receive_ns, receive_ns)
+            if entry.kind is InputKind.CAMERA:
+                self._cameras[entry.camera] = stamped
+            elif entry.kind is InputKind.JOINT_STATE:
+                self._joint_state = stamped
+            else:
+                self._instruction = stamped
 
     def clear(self) -> None:
         with self._lock:
             self._cameras.clear()
-            self._camera_faults.clear()
             self._joint_state = None
             self._instruction = None
 
-    # ---- reader (tick) ------------------------------------------------------------------
+    # ---- reader (tick) ------------------------------------------------------------------------------
     def camera_ages(self, now_ns: int) -> Dict[str, float]:
         with self._lock:
             return {name: (now_ns - entry.stamp_ns) / NS_PER_SEC for name, entry in self._cameras.items()}
 
-    def assemble(self, settings: AssemblySettings, now_ns: int) -> AssembledObservation:
-        """The observation for a tick at ``now_ns``, or SkipTick."""
+    def latest_joint_state(self) -> Optional[Tuple[Any, int]]:
+        """(message, stamp_ns) of the newest joint state, or None."""
+        with self._lock:
+            entry = self._joint_state
+        return None if entry is None else (entry.value, entry.stamp_ns)
+
+    def assemble(self, layout: InputLayout, limits: TimingLimits, now_ns: int) -> AssembledObservation:
+        """The observation for a tick at ``now_ns``, or SkipTick. Checks cameras, then joints, then instruction."""
         with self._lock:
             cameras = dict(self._cameras)
-            faults = dict(self._camera_faults)
             joint_state = self._joint_state
             instruction = self._instruction
-        images, ages, stamps = self._check_cameras(settings, cameras, faults, now_ns)
-        state = self._check_joint_state(settings, joint_state, now_ns)
-        text = self._check_instruction(settings, instruction)
+        images, ages, stamps = _check_cameras(layout, limits, cameras, now_ns)
+        state = _check_joint_state(layout, limits, joint_state, now_ns)
+        text = _check_instruction(layout, limits, instruction)
         return AssembledObservation(Observation(images=images, state=state, instruction=text),
                                     stamp_ns=max(stamps), camera_ages_sec=ages)
 
-    @staticmethod
-    def _check_cameras(settings: AssemblySettings, cameras: Mapping[str, _Stamped], faults: Mapping[str, str],
-                       now_ns: int) -> Tuple[Dict[str, Frame], Dict[str, float], List[int]]:
-        images: Dict[str, Frame] = {}
-        ages: Dict[str, float] = {}
-        stamps: List[int] = []
-        for name, topic in zip(settings.camera_names, settings.camera_topics):
-            entry = cameras.get(name)
-            if entry is None:
-                raise SkipTick('camera_missing', f'no image received yet on {topic}', topic)
-            if faults.get(name):
-                raise SkipTick('bad_image', f'bad image on {topic}: {faults[name]}', topic)
-            age = (now_ns - entry.stamp_ns) / NS_PER_SEC
-            ages[name] = age
-            if age > settings.max_image_age_sec:
-                raise SkipTick('camera_stale', f'image on {topic} is {age:.3f} s old '
-                               f'(max_image_age_sec {settings.max_image_age_sec})', topic)
-            if age < -settings.max_image_age_sec:
-                raise SkipTick('camera_future', f'image on {topic} is stamped {-age:.3f} s in the future '
-                               '(clock mismatch between the camera and this node?)', topic)
-            images[name] = entry.value  # type: ignore[assignment]
-            stamps.append(entry.stamp_ns)
-        skew = (max(stamps) - min(stamps)) / NS_PER_SEC
-        if skew > settings.max_camera_skew_sec:
-            raise SkipTick('camera_skew', f'camera stamps differ by {skew:.3f} s '
-                           f'(max_camera_skew_sec {settings.max_camera_skew_sec})')
-        return images, ages, stamps
 
-    @staticmethod
-    def _check_joint_state(settings: AssemblySettings, entry: Optional[_Stamped], now_ns: int) -> np.ndarray:
-        topic = settings.joint_states_topic
-        if entry is None:
-            raise SkipTick('joint_state_missing', f'no joint state received yet on {topic}', topic)
-        age = (now_ns - entry.stamp_ns) / NS_PER_SEC
-        if age > settings.max_joint_state_age_sec:
-            raise SkipTick('joint_state_stale', f'joint state on {topic} is {age:.3f} s old '
-                           f'(max_joint_state_age_sec {settings.max_joint_state_age_sec})', topic)
-        return joint_positions(entry.value, settings.state_joint_names, topic)
+def _check_cameras(layout: InputLayout, limits: TimingLimits, cameras: Mapping[str, _Stamped],
+                   now_ns: int) -> Tuple[Dict[str, Any], Dict[str, float], List[int]]:
+    images: Dict[str, Any] = {}
+    ages: Dict[str, float] = {}
+    stamps: List[int] = []
+    for entry in layout.cameras:
+        topic = entry.topic
+        stamped = cameras.get(entry.camera)
+        if stamped is None:
+            raise SkipTick(SkipReason.CAMERA_MISSING, f'no image received yet on {topic}', topic)
+        age = (now_ns - stamped.stamp_ns) / NS_PER_SEC
+        ages[entry.camera] = age
+        if age > limits.max_image_age_sec:
+            raise SkipTick(SkipReason.CAMERA_STALE, f'image on {topic} is {age:.3f} s old '
+                           f'(max_image_age_sec {limits.max_image_age_sec})', topic)
+        if age < -limits.max_image_age_sec:
+            raise SkipTick(SkipReason.CAMERA_FUTURE, f'image on {topic} is stamped {-age:.3f} s in the future '
+                           '(clock mismatch between the camera and this node?)', topic)
+        images[entry.camera] = stamped.value
+        stamps.append(stamped.stamp_ns)
+    skew = (max(stamps) - min(stamps)) / NS_PER_SEC
+    if skew > limits.max_camera_skew_sec:
+        raise SkipTick(SkipReason.CAMERA_SKEW, f'camera stamps differ by {skew:.3f} s '
+                       f'(max_camera_skew_sec {limits.max_camera_skew_sec})')
+    return images, ages, stamps
 
-    @staticmethod
-    def _check_instruction(settings: AssemblySettings, entry: Optional[_Stamped]) -> str:
-        topic = settings.instruction_topic
-        if entry is None:
-            if not settings.default_instruction.strip():
-                raise SkipTick('instruction_missing', f'no instruction on {topic} and the instruction '
-                               'parameter is empty', topic)
-            return settings.default_instruction
-        text = str(entry.value)
-        if not text.strip():
-            raise SkipTick('instruction_empty', f'empty instruction received on {topic}', topic)
-        if len(text) > settings.max_instruction_length:
-            raise SkipTick('instruction_too_long', f'instruction on {topic} has {len(text)} characters '
-                           f'(max_instruction_length {settings.max_instruction_length})', topic)
-        return text
+
+def _check_joint_state(layout: InputLayout, limits: TimingLimits, stamped: Optional[_Stamped],
+                       now_ns: int) -> np.ndarray:
+    topic = layout.joint_states.topic
+    if stamped is None:
+        raise SkipTick(SkipReason.JOINT_STATE_MISSING, f'no joint state received yet on {topic}', topic)
+    age = (now_ns - stamped.stamp_ns) / NS_PER_SEC
+    if age > limits.max_joint_state_age_sec:
+        raise SkipTick(SkipReason.JOINT_STATE_STALE, f'joint state on {topic} is {age:.3f} s old '
+                       f'(max_joint_state_age_sec {limits.max_joint_state_age_sec})', topic)
+    return joint_positions(stamped.value, layout.state_joint_names, topic)
+
+
+def _check_instruction(layout: InputLayout, limits: TimingLimits, stamped: Optional[_Stamped]) -> str:
+    """The received instruction, else the default; its content is the runtime's to check."""
+    if stamped is not None:
+        return str(stamped.value)
+    if not limits.default_instruction.strip():
+        topic = layout.instruction.topic
+        raise SkipTick(SkipReason.INSTRUCTION_MISSING, f'no instruction on {topic} and the instruction '
+                       'parameter is empty', topic)
+    return limits.default_instruction
 
 
 def joint_positions(msg: object, names: Sequence[str], topic: str) -> np.ndarray:
-    """sensor_msgs/JointState -> positions in ``names`` order, or SkipTick."""
+    """sensor_msgs/JointState -> positions in ``names`` order (values unchecked), or SkipTick."""
     msg_names = list(getattr(msg, 'name', []))
     positions = np.asarray(getattr(msg, 'position', []), dtype=np.float64)
-    if len(msg_names) != positions.shape[0]:
-        raise SkipTick('joint_state_malformed', f'joint state on {topic} has {len(msg_names)} names but '
-                       f'{positions.shape[0]} positions', topic)
+    if positions.ndim != 1 or len(msg_names) != positions.shape[0]:
+        raise SkipTick(SkipReason.JOINT_STATE_MALFORMED, f'joint state on {topic} has {len(msg_names)} names but '
+                       f'{positions.size} positions', topic)
     index = {name: i for i, name in enumerate(msg_names)}
     missing = [name for name in names if name not in index]
     if missing:
         unknown = [name for name in msg_names if name not in names]
         detail = f'; it has unknown joint(s) {unknown[:6]}' if unknown else ''
-        raise SkipTick('joint_state_missing_joints', f'joint state on {topic} lacks joint(s) {missing}{detail}',
-                       topic)
-    values = positions[[index[name] for name in names]]
-    bad = [name for name, value in zip(names, values) if not math.isfinite(value)]
-    if bad:
-        raise SkipTick('joint_state_nonfinite', f'joint state on {topic} has non-finite position(s) for {bad}',
-                       topic)
-    return values
+        raise SkipTick(SkipReason.JOINT_STATE_MISSING_JOINTS,
+                       f'joint state on {topic} lacks joint(s) {missing}{detail}', topic)
+    return positions[[index[name] for name in names]]

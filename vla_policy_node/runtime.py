@@ -21,7 +21,8 @@ import torch
 
 from .cache import PrefixCache, PrefixContext, PrefixKeyBuilder
 from .cache.key import weights_digest
-from .images import CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame
+from .images import CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame, frame_from_msg
+from .observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from .policy.checkpoint import load_checkpoint
 from .policy.config import PolicyConfig
 from .policy.normalize import FeatureNormalizer
@@ -35,32 +36,6 @@ CameraInput = Union[RawImage, CompressedFrame, np.ndarray, None]
 STAGES = ('hash', 'preprocess', 'prefix', 'denoise')
 DEFAULT_CACHE_BYTES = 1 << 30
 DEFAULT_CACHE_ENTRIES = 16
-# Instructions are free text from a topic; beyond this they are refused, not tokenised.
-MAX_INSTRUCTION_CHARS = 2000
-
-
-class ObservationError(ValueError):
-    """An observation the runtime refuses; ``field`` names the offending input."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f'{field_name}: {message}')
-        self.field = field_name
-
-
-@dataclass
-class Observation:
-    """One control tick's inputs.
-
-    images: camera name -> RawImage / CompressedFrame (ROS message fields, undecoded),
-      an RGB uint8 array [H, W, 3], or None for a camera that is absent (masked).
-      Cameras the model knows but the dict lacks are masked too.
-    state: the robot state vector [state_dim], unnormalised (joint positions ...).
-    instruction: the task text; None or '' falls back to the runtime's default.
-    """
-
-    images: Mapping[str, CameraInput]
-    state: np.ndarray
-    instruction: Optional[str] = None
 
 
 @dataclass
@@ -134,8 +109,7 @@ class PolicyRuntime:
     def __init__(self, model: PiZeroModel, tokenizer: PromptTokenizer, state_normalizer: FeatureNormalizer,
                  action_normalizer: FeatureNormalizer, model_revision: str, *,
                  cache_max_bytes: int = DEFAULT_CACHE_BYTES, cache_max_entries: int = DEFAULT_CACHE_ENTRIES,
-                 cache_enabled: bool = True, default_instruction: str = '',
-                 num_steps: Optional[int] = None) -> None:
+                 cache_enabled: bool = True, num_steps: Optional[int] = None) -> None:
         self.model = model
         self.config: PolicyConfig = model.config
         self.device = model.device
@@ -146,7 +120,6 @@ class PolicyRuntime:
         self.model_revision = model_revision
         self.cache = PrefixCache(cache_max_bytes, cache_max_entries)
         self.cache_enabled = cache_enabled
-        self.default_instruction = default_instruction
         self.num_steps = int(num_steps or self.config.num_inference_steps)
         self._keys = PrefixKeyBuilder(model_revision, tokenizer.identity, str(self.dtype).replace('torch.', ''))
         self._lock = threading.Lock()
@@ -171,13 +144,17 @@ class PolicyRuntime:
         return cls(loaded.model, tokenizer, loaded.state_normalizer, loaded.action_normalizer,
                    weights_digest(str(loaded.weights_path)), **options)
 
-    # ---- validation ----------------------------------------------------------------------
-    def _camera_slots(self, images: Mapping[str, CameraInput]) -> List[Tuple[str, CameraInput]]:
-        """Model slots as lerobot orders them: present cameras (config order), then the masked ones."""
+    # ---- content checks (the observation contract's second half; timing is InputBuffer's) ----------
+    def _camera_slots(self, images: Mapping[str, object]) -> List[Tuple[str, CameraInput]]:
+        """Model slots as lerobot orders them: present cameras (config order), then the masked ones.
+
+        Messages become frames here (no copy); every frame is checked without decoding.
+        """
         known = self.config.all_camera_names
         unknown = sorted(set(images) - set(known))
         if unknown:
-            raise ObservationError('images', f'unknown camera(s) {unknown}; the model knows {list(known)}')
+            raise ObservationError('images', f'unknown camera(s) {unknown}; the model knows {list(known)}',
+                                   SkipReason.BAD_IMAGE)
         present, absent = [], []
         for name in known:
             frame = images.get(name)
@@ -187,15 +164,16 @@ class PolicyRuntime:
             if isinstance(frame, np.ndarray):
                 if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8 or 0 in frame.shape:
                     raise ObservationError(f'images.{name}', f'arrays must be RGB uint8 [H, W, 3], got '
-                                           f'{frame.dtype} {list(frame.shape)}')
+                                           f'{frame.dtype} {list(frame.shape)}', SkipReason.BAD_IMAGE)
             else:
                 try:
+                    frame = frame_from_msg(frame)
                     check_frame(frame)
                 except ImageDecodeError as exc:
-                    raise ObservationError(f'images.{name}', str(exc)) from exc
+                    raise ObservationError(f'images.{name}', str(exc), SkipReason.BAD_IMAGE) from exc
             present.append((name, frame))
         if not present:
-            raise ObservationError('images', 'no camera image at all; at least one is needed')
+            raise ObservationError('images', 'no camera image at all; at least one is needed', SkipReason.BAD_IMAGE)
         return present + absent
 
     def _normalized_state(self, state: np.ndarray) -> np.ndarray:
@@ -203,21 +181,23 @@ class PolicyRuntime:
         cfg = self.config
         state = np.asarray(state, dtype=np.float64)
         if state.shape != (cfg.state_dim,):
-            raise ObservationError('state', f'expected shape [{cfg.state_dim}], got {list(state.shape)}')
+            raise ObservationError('state', f'expected shape [{cfg.state_dim}], got {list(state.shape)}',
+                                   SkipReason.JOINT_STATE_MALFORMED)
         if not np.all(np.isfinite(state)):
             bad = [int(i) for i in np.flatnonzero(~np.isfinite(state))]
-            raise ObservationError('state', f'non-finite value(s) at index {bad}')
+            raise ObservationError('state', f'non-finite value(s) at index {bad}', SkipReason.JOINT_STATE_NONFINITE)
         padded = np.zeros(cfg.max_state_dim, dtype=np.float32)
         padded[:cfg.state_dim] = self.state_normalizer.normalize(state)
         return padded
 
-    def _instruction(self, instruction: Optional[str]) -> str:
-        text = instruction if instruction and instruction.strip() else self.default_instruction
-        if not text or not text.strip():
-            raise ObservationError('instruction', 'empty, and no default instruction is configured')
-        if len(text) > MAX_INSTRUCTION_CHARS:
-            raise ObservationError('instruction', f'{len(text)} characters, more than {MAX_INSTRUCTION_CHARS}')
-        return text
+    @staticmethod
+    def _instruction(instruction: Optional[str], max_length: int) -> str:
+        if not instruction or not instruction.strip():
+            raise ObservationError('instruction', 'empty', SkipReason.INSTRUCTION_EMPTY)
+        if len(instruction) > max_length:
+            raise ObservationError('instruction', f'{len(instruction)} characters, more than {max_length} '
+                                   '(max_instruction_length)', SkipReason.INSTRUCTION_TOO_LONG)
+        return instruction
 
     def _tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         cfg = self.config
@@ -237,12 +217,12 @@ class PolicyRuntime:
         return torch.randn(shape, generator=generator).to(self.device)
 
     # ---- inference -------------------------------------------------------------------------
-    def _prepare(self, observation: Observation) -> Tuple[List[Tuple[str, CameraInput]], np.ndarray,
-                                                          np.ndarray, np.ndarray]:
+    def _prepare(self, observation: Observation, max_instruction_length: int = MAX_INSTRUCTION_CHARS
+                 ) -> Tuple[List[Tuple[str, CameraInput]], np.ndarray, np.ndarray, np.ndarray]:
         """Validate and tokenise: camera slots, normalised state, tokens, token mask."""
         slots = self._camera_slots(observation.images)
         state = self._normalized_state(observation.state)
-        tokens, token_mask = self._tokens(self._instruction(observation.instruction), state)
+        tokens, token_mask = self._tokens(self._instruction(observation.instruction, max_instruction_length), state)
         return slots, state, tokens, token_mask
 
     def prefix_key(self, observation: Observation) -> str:
@@ -252,7 +232,8 @@ class PolicyRuntime:
 
     def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
               seed: Optional[int] = None, num_steps: Optional[int] = None,
-              use_cache: Optional[bool] = None) -> ActionChunk:
+              use_cache: Optional[bool] = None,
+              max_instruction_length: int = MAX_INSTRUCTION_CHARS) -> ActionChunk:
         """One action chunk; ``num_steps`` / ``use_cache`` None use the runtime's settings.
 
         Bad input raises ObservationError. Everything checkable without decoding
@@ -262,14 +243,15 @@ class PolicyRuntime:
         """
         with self._lock:
             return self._infer_locked(observation, noise, seed, num_steps,
-                                      self.cache_enabled if use_cache is None else use_cache)
+                                      self.cache_enabled if use_cache is None else use_cache,
+                                      min(int(max_instruction_length), MAX_INSTRUCTION_CHARS))
 
     def _infer_locked(self, observation: Observation, noise: Optional[np.ndarray], seed: Optional[int],
-                      num_steps: Optional[int], use_cache: bool) -> ActionChunk:
+                      num_steps: Optional[int], use_cache: bool, max_instruction_length: int) -> ActionChunk:
         cfg = self.config
         timer = _StageTimer(self.device)
         timer.start('hash')
-        slots, state, tokens, token_mask = self._prepare(observation)
+        slots, state, tokens, token_mask = self._prepare(observation, max_instruction_length)
         steps = int(num_steps or self.num_steps)
         if steps < 1:
             raise ObservationError('num_steps', f'must be >= 1, got {steps}')
@@ -309,7 +291,7 @@ class PolicyRuntime:
             try:
                 pixels = frame if isinstance(frame, np.ndarray) else decode_frame(frame)
             except ImageDecodeError as exc:
-                raise ObservationError(f'images.{name}', str(exc)) from exc
+                raise ObservationError(f'images.{name}', str(exc), SkipReason.BAD_IMAGE) from exc
             unit = image_to_unit_tensor(pixels, self.device)
             images.append(to_model_range(resize_with_pad(unit, size)))
             masks.append(True)
@@ -328,8 +310,7 @@ class PolicyRuntime:
         cfg = self.config
         height, width = cfg.image_resolution
         blank = {name: np.zeros((height, width, 3), dtype=np.uint8) for name in cfg.camera_names}
-        instruction = self.default_instruction or 'warm up'
-        return self.infer(Observation(blank, self._neutral_state(), instruction), seed=0, use_cache=False)
+        return self.infer(Observation(blank, self._neutral_state(), 'warm up'), seed=0, use_cache=False)
 
     def _neutral_state(self) -> np.ndarray:
         """A state that normalises to zero."""

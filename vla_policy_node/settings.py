@@ -1,94 +1,67 @@
-"""Parameter values -> camera layout and tick settings, for the node and the replay tool alike.
+"""Parameter values -> a loaded runtime and what each tick needs: one configure path for node and replay.
 
-The live node reads values from its ROS parameters; the replay tool reads the
-same params YAML file. Both go through these functions, so a params file
-means the same thing on the robot and in a replay.
+    values --validate--> load runtime --validate against the checkpoint--> input layout --> tick settings
+           --> warm-up
+
+The live node reads values from its ROS parameters, the replay tool from the
+same params YAML file; both call ``configure``, so a params file means the
+same thing on the robot and in a replay, checked in the same order.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional
 
-import yaml
-
-from .observation import AssemblySettings
+from .observation import InputKind, InputLayout, InputTopic, TimingLimits
+from .params import BUILTIN_TINY, effective, validate
+from .policy.config import PolicyConfig
 from .policy.tiny_default import builtin_tiny_checkpoint
-from .ros.params import BUILTIN_TINY, CAMERA_TYPES, PARAMETERS, SPECS, validate_value
 from .runtime import PolicyRuntime, set_cpu_threads
 from .tick import TickSettings
 
-NODE_NAME = 'vla_policy'
+
+@dataclass
+class Configured:
+    """What configure leaves behind: the runtime, the fixed input layout, and the tick settings at that moment."""
+
+    runtime: PolicyRuntime
+    layout: InputLayout
+    settings: TickSettings
 
 
-class SettingsError(ValueError):
-    """A params file or value set that cannot configure the node."""
+def default_camera_topic(name: str, compressed: bool = False) -> str:
+    return f'/cameras/{name}/image_raw' + ('/compressed' if compressed else '')
 
 
-def default_camera_topic(name: str, kind: str = 'raw') -> str:
-    return f'/cameras/{name}/image_raw' + ('/compressed' if kind == 'compressed' else '')
-
-
-def resolve_values(overrides: Mapping[str, Any]) -> Dict[str, Any]:
-    """Every parameter's value: the override where given, else the table default (None = unset)."""
-    unknown = sorted(set(overrides) - set(SPECS) - {'use_sim_time'})
-    if unknown:
-        raise SettingsError(f'unknown parameter(s) {unknown}')
-    values = {spec.name: overrides.get(spec.name, spec.default) for spec in PARAMETERS}
-    for name, value in values.items():
-        reason = validate_value(SPECS[name], value) if value is not None else None
-        if reason:
-            raise SettingsError(reason)
-    return values
-
-
-def load_params_file(path: Path, node_name: str = NODE_NAME) -> Dict[str, Any]:
-    """ros__parameters for ``node_name`` from a ROS 2 params YAML (wildcard sections first)."""
-    try:
-        document = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise SettingsError(f'params file {path} does not exist') from None
-    except yaml.YAMLError as exc:
-        raise SettingsError(f'params file {path} is not valid YAML: {exc}') from exc
-    merged: Dict[str, Any] = {}
-    for section in ('/**', f'/**/{node_name}', node_name, f'/{node_name}'):
-        block = document.get(section)
-        if isinstance(block, dict):
-            merged.update(block.get('ros__parameters') or {})
-    return merged
-
-
-def camera_layout(values: Mapping[str, Any], checkpoint_cameras: Sequence[str]) -> Dict[str, Tuple[str, str]]:
-    """camera name -> (topic, 'raw'|'compressed'), in camera order."""
-    names = list(values.get('camera_names') or checkpoint_cameras)
-    if len(set(names)) != len(names):
-        raise SettingsError(f'camera_names has duplicates: {names}')
+def input_layout(values: Mapping[str, Any], config: PolicyConfig) -> InputLayout:
+    """Every input topic and the field it fills, in camera order (values already validated against config)."""
+    names = list(effective(values, 'camera_names', config))
     kinds = list(values.get('camera_types') or ['raw'] * len(names))
-    if len(kinds) != len(names):
-        raise SettingsError(f'camera_types has {len(kinds)} entries for {len(names)} cameras')
-    topics = list(values.get('camera_topics') or [default_camera_topic(n, k) for n, k in zip(names, kinds)])
-    if len(topics) != len(names):
-        raise SettingsError(f'camera_topics has {len(topics)} entries for {len(names)} cameras')
-    bad = [kind for kind in kinds if kind not in CAMERA_TYPES]
-    if bad:
-        raise SettingsError(f'camera_types must be one of {list(CAMERA_TYPES)}, got {bad}')
-    return {name: (topic, kind) for name, topic, kind in zip(names, topics, kinds)}
+    topics = list(values.get('camera_topics') or
+                  [default_camera_topic(name, kind == 'compressed') for name, kind in zip(names, kinds)])
+    cameras = tuple(InputTopic(topic, InputKind.CAMERA, camera=name, compressed=kind == 'compressed')
+                    for name, topic, kind in zip(names, topics, kinds))
+    return InputLayout(cameras=cameras,
+                       joint_states=InputTopic(values['joint_states_topic'], InputKind.JOINT_STATE),
+                       instruction=InputTopic(values['instruction_topic'], InputKind.INSTRUCTION),
+                       state_joint_names=tuple(effective(values, 'state_joint_names')))
 
 
-def tick_settings(values: Mapping[str, Any], camera_topics: Mapping[str, str]) -> TickSettings:
-    joint_names = tuple(values['joint_names'] or ())
-    assembly = AssemblySettings(
-        camera_names=tuple(camera_topics), camera_topics=tuple(camera_topics.values()),
-        state_joint_names=tuple(values['state_joint_names'] or joint_names),
-        joint_states_topic=values['joint_states_topic'], instruction_topic=values['instruction_topic'],
-        default_instruction=values['instruction'], max_image_age_sec=values['max_image_age_sec'],
-        max_camera_skew_sec=values['max_camera_skew_sec'], max_joint_state_age_sec=values['max_joint_state_age_sec'],
-        max_instruction_length=values['max_instruction_length'])
-    return TickSettings(assembly=assembly, joint_names=joint_names, action_period_sec=values['action_period_sec'],
-                        execute_steps=values['execute_steps'], stamp_mode=values['stamp_mode'],
+def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSettings:
+    """The live parameter values one tick runs with."""
+    limits = TimingLimits(max_image_age_sec=values['max_image_age_sec'],
+                          max_camera_skew_sec=values['max_camera_skew_sec'],
+                          max_joint_state_age_sec=values['max_joint_state_age_sec'],
+                          default_instruction=values['instruction'])
+    return TickSettings(layout=layout, limits=limits, joint_names=tuple(values['joint_names']),
+                        action_period_sec=values['action_period_sec'], execute_steps=values['execute_steps'],
+                        stamp_mode=values['stamp_mode'],
                         lower_limits=tuple(values['joint_lower_limits'] or ()),
                         upper_limits=tuple(values['joint_upper_limits'] or ()),
                         num_steps=values['num_steps'], seed=None if values['seed'] < 0 else values['seed'],
-                        cache_enabled=values['cache_enabled'])
+                        cache_enabled=values['cache_enabled'],
+                        max_instruction_length=values['max_instruction_length'])
 
 
 def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
@@ -100,3 +73,31 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'])
+
+
+def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] = None,
+              warn: Optional[Callable[[str], None]] = None) -> Configured:
+    """Validate, load, validate against the checkpoint, lay out the inputs, warm up.
+
+    Raises ParameterError (a value), CheckpointError / ConfigError / TokenizerError
+    (the checkpoint) or ValueError (device, dtype); nothing is left loaded on failure.
+    """
+    info = info or (lambda message: None)
+    validate(values)
+    if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
+        warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
+             'Set checkpoint_path to a real lerobot pretrained_model folder.')
+    runtime = load_runtime(values)
+    try:
+        config = runtime.config
+        validate(values, config)
+        layout = input_layout(values, config)
+        info(f'loaded {config.policy_type} from {values["checkpoint_path"]} on {runtime.device} ({runtime.dtype}); '
+             f'cameras {[camera.topic for camera in layout.cameras]}; '
+             f'one cached prefix = {runtime.prefix_bytes() / 2**20:.2f} MiB')
+        if values['warmup']:
+            info(f'warm-up chunk in {runtime.warmup().total_ms:.1f} ms')
+        return Configured(runtime, layout, tick_settings(values, layout))
+    except BaseException:
+        runtime.close()
+        raise

@@ -15,17 +15,20 @@ from typing import Deque, Dict, Optional, Tuple
 
 import numpy as np
 
-from .observation import AssembledObservation, AssemblySettings, InputBuffer, SkipTick
-from .policy.config import PolicyConfig
-from .runtime import STAGES, ActionChunk, ObservationError, PolicyRuntime
-from .trajectory import STAMP_MODES, TrajectoryError, TrajectoryPlan, build_plan, limits_problem
+from .observation import (AssembledObservation, InputBuffer, InputLayout, ObservationError, SkipReason, SkipTick,
+                          TimingLimits)
+from .runtime import STAGES, ActionChunk, PolicyRuntime
+from .trajectory import TrajectoryError, TrajectoryPlan, build_plan
 
 LATENCY_WINDOW = 200
 
 
 @dataclass(frozen=True)
 class TickSettings:
-    assembly: AssemblySettings
+    """What one tick needs from the parameters: the fixed input layout and the live values."""
+
+    layout: InputLayout
+    limits: TimingLimits
     joint_names: Tuple[str, ...]
     action_period_sec: float = 0.1
     execute_steps: int = 0              # 0: the whole chunk
@@ -35,31 +38,7 @@ class TickSettings:
     num_steps: int = 10
     seed: Optional[int] = None          # None: fresh noise every tick
     cache_enabled: bool = True
-
-
-def check_settings_against_model(settings: TickSettings, config: PolicyConfig) -> None:
-    """Raise ValueError naming the parameter when the node's settings cannot drive this model."""
-    if len(settings.joint_names) != config.action_dim:
-        raise ValueError(f'joint_names has {len(settings.joint_names)} joints, the checkpoint outputs '
-                         f'{config.action_dim} actions per step')
-    state_joints = settings.assembly.state_joint_names
-    if len(state_joints) != config.state_dim:
-        raise ValueError(f'state_joint_names has {len(state_joints)} joints, the checkpoint expects a state of '
-                         f'{config.state_dim}')
-    unknown = sorted(set(settings.assembly.camera_names) - set(config.camera_names))
-    if unknown:
-        raise ValueError(f'camera_names {unknown} are not cameras of the checkpoint {list(config.camera_names)}')
-    for name, values in (('joint_names', settings.joint_names), ('state_joint_names', state_joints),
-                         ('camera_names', settings.assembly.camera_names)):
-        if len(set(values)) != len(values):
-            raise ValueError(f'{name} has duplicates: {list(values)}')
-    if settings.stamp_mode not in STAMP_MODES:
-        raise ValueError(f'stamp_mode must be one of {STAMP_MODES}')
-    if settings.execute_steps > config.chunk_size:
-        raise ValueError(f'execute_steps {settings.execute_steps} exceeds the chunk size {config.chunk_size}')
-    problem = limits_problem(settings.lower_limits, settings.upper_limits, len(settings.joint_names))
-    if problem:
-        raise ValueError(problem)
+    max_instruction_length: int = 500
 
 
 @dataclass
@@ -91,7 +70,7 @@ class TickStats:
         with self._lock:
             self.ticks += 1
             if outcome.skip is not None:
-                self.skipped[outcome.skip.reason] += 1
+                self.skipped[outcome.skip.reason.value] += 1
                 self.last_skip = outcome.skip
             chunk = outcome.chunk
             if chunk is not None:
@@ -164,8 +143,8 @@ class TickEngine:
         try:
             if now_ns == 0:
                 # use_sim_time before the first /clock: time is 0, no age or stamp means anything yet.
-                raise SkipTick('waiting_for_clock', 'use_sim_time is set and no /clock has arrived')
-            outcome.assembled = buffer.assemble(settings.assembly, now_ns)
+                raise SkipTick(SkipReason.WAITING_FOR_CLOCK, 'use_sim_time is set and no /clock has arrived')
+            outcome.assembled = buffer.assemble(settings.layout, settings.limits, now_ns)
             outcome.chunk = self._infer(outcome.assembled, settings)
             outcome.plan = self._plan(outcome.chunk, outcome.assembled, settings)
         except SkipTick as skip:
@@ -176,29 +155,21 @@ class TickEngine:
     def _infer(self, assembled: AssembledObservation, settings: TickSettings) -> ActionChunk:
         try:
             return self.runtime.infer(assembled.observation, seed=settings.seed, num_steps=settings.num_steps,
-                                      use_cache=settings.cache_enabled)
+                                      use_cache=settings.cache_enabled,
+                                      max_instruction_length=settings.max_instruction_length)
         except ObservationError as exc:
-            raise SkipTick('bad_input', f'rejected by the policy: {exc}', _topic_of(exc.field, settings)) from exc
+            raise SkipTick(exc.reason, str(exc), settings.layout.topic_of(exc.field)) from exc
 
     @staticmethod
     def _plan(chunk: ActionChunk, assembled: AssembledObservation, settings: TickSettings) -> TrajectoryPlan:
         stamp_ns = assembled.stamp_ns if settings.stamp_mode == 'observation' else 0
-        same_joints = settings.assembly.state_joint_names == settings.joint_names
+        same_joints = settings.layout.state_joint_names == settings.joint_names
         try:
             return build_plan(chunk.actions, settings.joint_names, settings.action_period_sec,
                               settings.execute_steps, stamp_ns, settings.lower_limits, settings.upper_limits,
                               current=assembled.current_positions if same_joints else None)
         except TrajectoryError as exc:
-            raise SkipTick('invalid_actions', f'policy output not published: {exc}') from exc
-
-
-def _topic_of(field_name: str, settings: TickSettings) -> str:
-    assembly = settings.assembly
-    if field_name.startswith('images.'):
-        camera = field_name[len('images.'):]
-        topics = dict(zip(assembly.camera_names, assembly.camera_topics))
-        return topics.get(camera, '')
-    return {'state': assembly.joint_states_topic, 'instruction': assembly.instruction_topic}.get(field_name, '')
+            raise SkipTick(SkipReason.INVALID_ACTIONS, f'policy output not published: {exc}') from exc
 
 
 class ThrottledReporter:

@@ -33,16 +33,6 @@ class TrajectoryPlan:
     clipped: bool = False      # some action was outside the joint limits
 
 
-def limits_problem(lower: Sequence[float], upper: Sequence[float], joints: int) -> Optional[str]:
-    """Why per-joint limits are unusable (wrong length, lower above upper), or None."""
-    for name, values in (('joint_lower_limits', lower), ('joint_upper_limits', upper)):
-        if values and len(values) != joints:
-            return f'{name} has {len(values)} values for {joints} joints'
-    if lower and upper and any(lo > hi for lo, hi in zip(lower, upper)):
-        return 'joint_lower_limits must not exceed joint_upper_limits'
-    return None
-
-
 def build_plan(actions: np.ndarray, joint_names: Sequence[str], dt: float, execute_steps: int, stamp_ns: int,
                lower: Optional[Sequence[float]] = None, upper: Optional[Sequence[float]] = None,
                current: Optional[np.ndarray] = None) -> TrajectoryPlan:

@@ -15,101 +15,61 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..observation import InputBuffer
+from ..observation import InputBuffer, SkipTick, joint_positions
+from ..params import DEFAULT_TRAJECTORY_TOPIC, ParameterError, load_params_file, resolve_values, validate
 from ..policy.checkpoint import CheckpointError
+from ..policy.config import ConfigError
 from ..policy.tokenizer import TokenizerError
-from ..ros.params import DEFAULT_TRAJECTORY_TOPIC
-from ..runtime import PolicyRuntime
-from ..settings import SettingsError, camera_layout, load_params_file, load_runtime, resolve_values, tick_settings
-from ..tick import TickEngine, TickOutcome, TickSettings, check_settings_against_model
+from ..settings import Configured, configure
+from ..tick import TickEngine, TickOutcome
 from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
-from .report import write_report
+from .report import ReplayResult, TickRecord, write_report
 from .rosbags_msgs import joint_trajectory
 
 NS_PER_SEC = 1_000_000_000
-JOINT_STATE_TYPE = 'sensor_msgs/msg/JointState'
 TRAJECTORY_TYPE = 'trajectory_msgs/msg/JointTrajectory'
 DEFAULT_COMMAND_TOPIC = '/joint_command'
-CAMERA_MSG_TYPES = {'raw': 'sensor_msgs/msg/Image', 'compressed': 'sensor_msgs/msg/CompressedImage'}
 
 
 class ReplayError(RuntimeError):
     """A replay that cannot run; the message says what to fix."""
 
 
-@dataclass
-class TickRecord:
-    """What one control tick did, for the report."""
-
-    time_ns: int
-    skipped: Optional[str] = None
-    cache_hit: Optional[bool] = None
-    timings_ms: Dict[str, float] = field(default_factory=dict)
-    plan_start_ns: int = 0
-    plan_times_sec: Optional[np.ndarray] = None
-    plan_positions: Optional[np.ndarray] = None
-
-
-@dataclass
-class ReplayResult:
-    output: Path
-    records: List[TickRecord]
-    joint_names: Sequence[str]
-    recorded_times_ns: np.ndarray          # joint-state times
-    recorded_positions: np.ndarray         # [T, J] in joint_names order (NaN where absent)
-    command_times_ns: np.ndarray
-    command_positions: np.ndarray
-    summary: Dict[str, Any]
-
-
-def _positions_in_order(msg: Any, names: Sequence[str]) -> np.ndarray:
-    index = {name: i for i, name in enumerate(msg.name)}
-    positions = np.asarray(msg.position, dtype=np.float64)
-    return np.array([positions[index[n]] if n in index and index[n] < positions.size else np.nan for n in names])
+def _recorded_positions(msg: Any, names: Sequence[str], topic: str) -> np.ndarray:
+    """A recorded joint state in ``names`` order, NaN where it cannot be mapped (for plots and errors only)."""
+    try:
+        return joint_positions(msg, names, topic)
+    except SkipTick:
+        return np.full(len(names), np.nan)
 
 
 class OfflineReplay:
     """Walks a bag in time order and runs the node's ticks on bag time."""
 
-    def __init__(self, runtime: PolicyRuntime, values: Mapping[str, Any]) -> None:
-        self.runtime = runtime
+    def __init__(self, configured: Configured, values: Mapping[str, Any]) -> None:
+        self.runtime = configured.runtime
+        self.layout = configured.layout
+        self.settings = configured.settings
         self.values = dict(values)
-        cameras = camera_layout(self.values, runtime.config.camera_names)
-        self.camera_kinds = {topic: kind for topic, kind in cameras.values()}
-        self.camera_by_topic = {topic: name for name, (topic, _) in cameras.items()}
-        self.settings: TickSettings = tick_settings(self.values, {name: t for name, (t, _) in cameras.items()})
-        try:
-            check_settings_against_model(self.settings, runtime.config)
-        except ValueError as exc:
-            raise ReplayError(f'the params file does not fit the checkpoint: {exc}') from exc
+        self.inputs = self.layout.by_topic()
         self.period_ns = int(round(NS_PER_SEC / float(self.values['control_rate_hz'])))
         self.buffer = InputBuffer()
-        self.engine = TickEngine(runtime)
+        self.engine = TickEngine(self.runtime)
 
     def required_topics(self) -> Dict[str, Optional[str]]:
-        topics: Dict[str, Optional[str]] = {topic: CAMERA_MSG_TYPES[kind] for topic, kind in self.camera_kinds.items()}
-        topics[self.settings.assembly.joint_states_topic] = JOINT_STATE_TYPE
-        return topics
-
-    def _feed(self, topic: str, msg: Any, time_ns: int) -> None:
-        if topic in self.camera_by_topic:
-            self.buffer.put_camera(self.camera_by_topic[topic], msg, time_ns)
-        elif topic == self.settings.assembly.joint_states_topic:
-            self.buffer.put_joint_state(msg, time_ns)
-        elif topic == self.settings.assembly.instruction_topic:
-            self.buffer.put_instruction(msg.data, time_ns)
+        """Cameras and joint states must be in the bag; the instruction may come from the parameter."""
+        return {entry.topic: entry.msg_type for entry in self.layout.cameras + (self.layout.joint_states,)}
 
     def _tick(self, time_ns: int, writer: BagWriter, topic: str) -> TickRecord:
         outcome: TickOutcome = self.engine.run(self.buffer, self.settings, time_ns)
         record = TickRecord(time_ns=time_ns)
         if outcome.skip is not None:
-            record.skipped = outcome.skip.reason
+            record.skipped = outcome.skip.reason.value
             return record
         record.cache_hit = outcome.chunk.cache_hit
         record.timings_ms = dict(outcome.chunk.timings_ms)
@@ -126,12 +86,10 @@ class OfflineReplay:
             progress: bool = True) -> ReplayResult:
         topics = require_topics(bag, self.required_topics())
         names = self.settings.joint_names
-        state_topic = self.settings.assembly.joint_states_topic
+        state_topic = self.layout.joint_states.topic
         if command_topic and command_topic not in topics:
             raise BagError(f'command topic {command_topic} is not in the bag')
-        wanted = set(self.camera_by_topic) | {state_topic}
-        if self.settings.assembly.instruction_topic in topics:
-            wanted.add(self.settings.assembly.instruction_topic)
+        wanted = set(self.inputs) & set(topics)
         if command_topic:
             wanted.add(command_topic)
         output.mkdir(parents=True, exist_ok=True)
@@ -150,13 +108,14 @@ class OfflineReplay:
                     records.append(self._tick(next_tick, writer, trajectory_topic))
                     next_tick += self.period_ns
                 msg = message.msg
-                self._feed(message.topic, msg, message.timestamp_ns)
+                if message.topic in self.inputs:
+                    self.buffer.put(self.inputs[message.topic], msg, message.timestamp_ns)
                 if message.topic == state_topic:
                     recorded_t.append(message.timestamp_ns)
-                    recorded_p.append(_positions_in_order(msg, names))
+                    recorded_p.append(_recorded_positions(msg, names, state_topic))
                 elif message.topic == command_topic:
                     command_t.append(message.timestamp_ns)
-                    command_p.append(_positions_in_order(msg, names))
+                    command_p.append(_recorded_positions(msg, names, command_topic))
         result = ReplayResult(output=output, records=records, joint_names=names,
                               recorded_times_ns=np.asarray(recorded_t, dtype=np.int64),
                               recorded_positions=np.asarray(recorded_p).reshape(-1, len(names)),
@@ -187,16 +146,13 @@ def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional
     if seed is not None:
         raw['seed'] = seed
     values = resolve_values(raw)
+    validate(values)  # before the seed default below, so a bad seed is named as given
     if values['seed'] < 0:
         values['seed'] = 0  # a replay is deterministic by default
-    if not values['joint_names']:
-        raise ReplayError('joint_names is not set in the params file')
-    runtime = load_runtime(values)
-    if values['warmup']:
-        runtime.warmup()  # as the node does in configure, so tick latencies compare
     topics = bag_topics(bag)
+    configured = configure(values)  # the node's configure path: same checks, same order, same warm-up
     command = command_topic if command_topic and command_topic in topics else None
-    return OfflineReplay(runtime, values).run(Path(bag), Path(output), command_topic=command, progress=progress)
+    return OfflineReplay(configured, values).run(Path(bag), Path(output), command_topic=command, progress=progress)
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -217,7 +173,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         result = replay(args.bag, args.params, args.output, checkpoint=args.checkpoint, seed=args.seed,
                         command_topic=args.command_topic, progress=not args.no_progress)
-    except (BagError, ReplayError, SettingsError, CheckpointError, TokenizerError) as exc:
+    except (BagError, ReplayError, ParameterError, CheckpointError, ConfigError, TokenizerError) as exc:
         print(f'vla_policy_replay: error: {exc}', file=sys.stderr)
         return 2
     summary = result.summary

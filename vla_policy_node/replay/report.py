@@ -2,21 +2,44 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ..runtime import PolicyRuntime
 from ..tick import TickStats
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .offline import ReplayResult
-
 NS_PER_SEC = 1_000_000_000
 
 
-def command_error(result: 'ReplayResult') -> Optional[Dict[str, Dict[str, float]]]:
+@dataclass
+class TickRecord:
+    """What one control tick did, for the report."""
+
+    time_ns: int
+    skipped: Optional[str] = None
+    cache_hit: Optional[bool] = None
+    timings_ms: Dict[str, float] = field(default_factory=dict)
+    plan_start_ns: int = 0
+    plan_times_sec: Optional[np.ndarray] = None
+    plan_positions: Optional[np.ndarray] = None
+
+
+@dataclass
+class ReplayResult:
+    output: Path
+    records: List[TickRecord]
+    joint_names: Sequence[str]
+    recorded_times_ns: np.ndarray          # joint-state times
+    recorded_positions: np.ndarray         # [T, J] in joint_names order (NaN where absent)
+    command_times_ns: np.ndarray
+    command_positions: np.ndarray
+    summary: Dict[str, Any]
+
+
+def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]:
     """Per joint: predicted positions against the recorded command at the same instants.
 
     Each published point i of a chunk is due at plan_start + time_from_start[i];
@@ -45,7 +68,7 @@ def command_error(result: 'ReplayResult') -> Optional[Dict[str, Dict[str, float]
             for j, name in enumerate(result.joint_names)}
 
 
-def summarize(result: 'ReplayResult', stats: TickStats, runtime: PolicyRuntime, bag: Path,
+def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
               values: Mapping[str, Any], command_topic: Optional[str]) -> Dict[str, Any]:
     cache = runtime.cache.stats()
     skipped = dict(sorted(stats.skipped.items()))
@@ -74,7 +97,7 @@ def summarize(result: 'ReplayResult', stats: TickStats, runtime: PolicyRuntime, 
     }
 
 
-def plot_chunks(result: 'ReplayResult', path: Path) -> None:
+def plot_chunks(result: ReplayResult, path: Path) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -102,7 +125,7 @@ def plot_chunks(result: 'ReplayResult', path: Path) -> None:
     plt.close(fig)
 
 
-def plot_latency(result: 'ReplayResult', path: Path) -> None:
+def plot_latency(result: ReplayResult, path: Path) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -125,13 +148,13 @@ def plot_latency(result: 'ReplayResult', path: Path) -> None:
     plt.close(fig)
 
 
-def _start_ns(result: 'ReplayResult') -> int:
+def _start_ns(result: ReplayResult) -> int:
     candidates = [a[0] for a in (result.recorded_times_ns, result.command_times_ns) if a.size]
     candidates += [r.time_ns for r in result.records[:1]]
     return int(min(candidates)) if candidates else 0
 
 
-def write_report(result: 'ReplayResult', stats: TickStats, runtime: PolicyRuntime, bag: Path,
+def write_report(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
                  values: Mapping[str, Any], command_topic: Optional[str]) -> Dict[str, Any]:
     summary = summarize(result, stats, runtime, bag, values, command_topic)
     (result.output / 'summary.json').write_text(json.dumps(summary, indent=2) + '\n')

@@ -1,17 +1,39 @@
-"""Plans and statistics -> rclpy messages (JointTrajectory, DiagnosticArray)."""
+"""Conversions to and from rclpy: plans and statistics -> JointTrajectory and DiagnosticArray; input QoS."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Tuple
 
 from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..cache import CacheStats
+from ..observation import InputKind, InputTopic
+from ..runtime import PolicyRuntime
 from ..tick import TickStatsSnapshot
 from ..trajectory import TrajectoryPlan
 
 NS_PER_SEC = 1_000_000_000
+MESSAGE_CLASSES = {'sensor_msgs/msg/Image': Image, 'sensor_msgs/msg/CompressedImage': CompressedImage,
+                   'sensor_msgs/msg/JointState': JointState, 'std_msgs/msg/String': String}
+
+
+def input_msg_class(entry: InputTopic) -> type:
+    """The rclpy message class of an input topic."""
+    return MESSAGE_CLASSES[entry.msg_type]
+
+
+def input_qos(entry: InputTopic, instruction_durability: str) -> QoSProfile:
+    """Sensor data (best effort) for cameras and joint states; the instruction reliable, with the durability asked."""
+    if entry.kind is not InputKind.INSTRUCTION:
+        return qos_profile_sensor_data
+    durability = (DurabilityPolicy.TRANSIENT_LOCAL if instruction_durability == 'transient_local'
+                  else DurabilityPolicy.VOLATILE)
+    return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=durability)
 
 
 def time_msg(stamp_ns: int) -> Time:
@@ -40,11 +62,44 @@ def _values(pairs: Iterable[Tuple[str, object]]) -> list:
             for key, value in pairs]
 
 
-def diagnostics_msg(stamp_ns: int, name: str, hardware_id: str, level: bytes, message: str,
-                    info: Dict[str, object], stats: TickStatsSnapshot, cache: Optional[CacheStats],
-                    camera_ages: Dict[str, float]) -> DiagnosticArray:
+@dataclass
+class PolicyReport:
+    """What the node knows at one diagnostics period; ``diagnostics_msg`` decides level and wording."""
+
+    name: str                          # the status name (the node's name)
+    lifecycle: str                     # unconfigured | inactive | active
+    configure_error: str               # why the last configure failed ('' when it did not)
+    new_skips: int                     # ticks skipped since the last report
+    stats: TickStatsSnapshot
+    info: Dict[str, object] = field(default_factory=dict)     # policy, device, dtype, revision ...
+    camera_ages: Dict[str, float] = field(default_factory=dict)
+    hardware_id: str = 'none'          # the device, once configured
+    cache: Optional[CacheStats] = None
+
+    def with_runtime(self, runtime: Optional[PolicyRuntime]) -> 'PolicyReport':
+        """Add what drives the arm (policy, device, dtype, weights revision) and the cache figures."""
+        if runtime is not None:
+            self.hardware_id = str(runtime.device)
+            self.info.update(policy_type=runtime.config.policy_type, device=str(runtime.device),
+                             dtype=str(runtime.dtype).replace('torch.', ''), model_revision=runtime.model_revision,
+                             prefix_entry_bytes=runtime.prefix_bytes())
+            self.cache = runtime.cache.stats()
+        return self
+
+
+def _level_and_message(report: PolicyReport) -> Tuple[bytes, str]:
+    if report.configure_error:
+        return DiagnosticStatus.ERROR, f'unconfigured: {report.configure_error}'
+    if report.new_skips:
+        return DiagnosticStatus.WARN, (f'{report.lifecycle}; {report.new_skips} tick(s) skipped, '
+                                       f'last: {report.stats.last_skip}')
+    return DiagnosticStatus.OK, report.lifecycle
+
+
+def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
     """One DiagnosticStatus with latency percentiles, cache figures, skips and camera ages."""
-    pairs = list(info.items())
+    stats = report.stats
+    pairs = [('lifecycle_state', report.lifecycle)] + list(report.info.items())
     pairs += [('ticks', stats.ticks), ('chunks_computed', stats.chunks), ('chunks_published', stats.published),
               ('chunks_clipped', stats.clipped), ('ticks_skipped', stats.skipped_total)]
     pairs += [(f'skipped_{reason}', count) for reason, count in sorted(stats.skipped.items())]
@@ -52,13 +107,15 @@ def diagnostics_msg(stamp_ns: int, name: str, hardware_id: str, level: bytes, me
         pairs.append(('last_skip', f'[{stats.last_skip.reason}] {stats.last_skip}'))
     for stage, summary in stats.latency.items():
         pairs += [(f'latency_{stage}_p50_ms', summary['p50']), (f'latency_{stage}_p95_ms', summary['p95'])]
+    cache = report.cache
     if cache is not None:
         pairs += [('cache_hits', cache.hits), ('cache_misses', cache.misses), ('cache_hit_rate', cache.hit_rate),
                   ('cache_entries', cache.entries), ('cache_bytes', cache.bytes),
                   ('cache_max_bytes', cache.max_bytes), ('cache_evictions', cache.evictions),
                   ('cache_rejected_oversize', cache.rejected_oversize)]
-    pairs += [(f'camera_age_{camera}_sec', age) for camera, age in sorted(camera_ages.items())]
-    status = DiagnosticStatus(level=level, name=name, message=message, hardware_id=hardware_id,
+    pairs += [(f'camera_age_{camera}_sec', age) for camera, age in sorted(report.camera_ages.items())]
+    level, message = _level_and_message(report)
+    status = DiagnosticStatus(level=level, name=report.name, message=message, hardware_id=report.hardware_id,
                               values=_values(pairs))
     array = DiagnosticArray()
     array.header.stamp = time_msg(stamp_ns)

@@ -1,0 +1,375 @@
+"""Every parameter of the node, with its validation, in one table (no rclpy).
+
+The node declares its ROS parameters from this table, the replay reads the
+same names from a params file, and both refuse a value through ``validate``,
+so a value means and is checked the same on the robot and in a replay.
+Checks are data on each spec (ranges, choices, ``unique``, ``same_length_as``,
+``at_most``, and rules against the loaded checkpoint), the way
+generate_parameter_library declares ``validation:`` per parameter.
+config/vla_policy.yaml and the README tables are generated from it
+(``python -m vla_policy_node.params [--yaml | --topics]``), so none can drift.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import yaml
+
+from .observation import MAX_INSTRUCTION_CHARS
+from .trajectory import STAMP_MODES
+
+NODE_NAME = 'vla_policy'
+BUILTIN_TINY = 'builtin:tiny'
+DEFAULT_TRAJECTORY_TOPIC = '/joint_trajectory_controller/joint_trajectory'
+CAMERA_TYPES = ('raw', 'compressed')
+INSTRUCTION_DURABILITIES = ('volatile', 'transient_local')
+TYPE_NAMES = ('bool', 'int', 'double', 'string', 'string_array', 'double_array')
+# Set by ROS itself, accepted in params files and never part of the table.
+ROS_PARAMETERS = ('use_sim_time', 'start_type_description_service')
+
+
+class ParameterError(ValueError):
+    """A parameter value (or a params file) that cannot configure the node; the message names it."""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    default: Any                            # None: typed but unset (arrays without a sane default)
+    type_name: str                          # one of TYPE_NAMES
+    description: str
+    read_only: bool = False                 # a change needs a restart
+    # ---- validation, declared per parameter -------------------------------------------------------
+    min_value: Optional[float] = None       # inclusive range, for int, double and double_array elements
+    max_value: Optional[float] = None
+    choices: Tuple[str, ...] = ()           # a string, or every element of a string array
+    required: bool = False                  # must be set and non-empty
+    unique: bool = False                    # no element twice
+    same_length_as: Optional[str] = None    # as many elements as this parameter's effective value
+    at_most: Optional[str] = None           # element-wise <= this array parameter
+    falls_back_to: Optional[str] = None     # unset: this parameter's value
+    model_default: Optional[str] = None     # unset: this attribute of the checkpoint config
+    model_length: Optional[str] = None      # length == this attribute of the checkpoint config
+    model_max: Optional[str] = None         # value <= this attribute of the checkpoint config
+    model_members: Optional[str] = None     # every element is in this attribute of the checkpoint config
+
+    @property
+    def live(self) -> bool:
+        return not self.read_only
+
+    @property
+    def is_array(self) -> bool:
+        return self.type_name.endswith('_array')
+
+
+PARAMETERS: Tuple[ParamSpec, ...] = (
+    # --- model (need a restart) ---
+    ParamSpec('checkpoint_path', BUILTIN_TINY, 'string',
+              'lerobot pretrained_model/ folder (config.json, model.safetensors, processor files). '
+              f'"{BUILTIN_TINY}" writes and loads the embedded tiny pi0 with RANDOM weights (demo only).',
+              read_only=True),
+    ParamSpec('tokenizer_path', '', 'string',
+              'PaliGemma tokenizer.model or tokenizer.json; empty: <checkpoint>/tokenizer/.', read_only=True),
+    ParamSpec('device', 'auto', 'string', 'torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:1 ...',
+              read_only=True),
+    ParamSpec('dtype', 'auto', 'string', 'compute dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16',
+              read_only=True, choices=('auto', 'float32', 'bfloat16')),
+    ParamSpec('cpu_threads', 0, 'int',
+              'torch CPU threads; 0: torch default. 1-2 on a CPU-only machine shared with other processes.',
+              read_only=True, min_value=0, max_value=256),
+    ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one.',
+              read_only=True),
+    ParamSpec('autostart', True, 'bool',
+              'Configure and activate on start-up (no lifecycle manager needed).', read_only=True),
+    # --- topics (need a restart) ---
+    ParamSpec('camera_names', None, 'string_array',
+              'Checkpoint camera names in camera order; unset: every camera of the checkpoint.', read_only=True,
+              unique=True, model_default='camera_names', model_members='camera_names'),
+    ParamSpec('camera_topics', None, 'string_array',
+              'One topic per camera; unset: /cameras/<name>/image_raw (+ /compressed for compressed cameras).',
+              read_only=True, same_length_as='camera_names'),
+    ParamSpec('camera_types', None, 'string_array',
+              'Per camera: raw (sensor_msgs/Image) or compressed (sensor_msgs/CompressedImage); unset: all raw.',
+              read_only=True, choices=CAMERA_TYPES, same_length_as='camera_names'),
+    ParamSpec('instruction_topic', '/instruction', 'string', 'std_msgs/String with the task text.', read_only=True),
+    ParamSpec('instruction_durability', 'volatile', 'string',
+              'QoS durability of the instruction subscription. transient_local receives a latched instruction '
+              'but does not match volatile publishers such as plain `ros2 topic pub`.', read_only=True,
+              choices=INSTRUCTION_DURABILITIES),
+    ParamSpec('joint_states_topic', '/joint_states', 'string', 'sensor_msgs/JointState feeding the state vector.',
+              read_only=True),
+    ParamSpec('trajectory_topic', DEFAULT_TRAJECTORY_TOPIC, 'string',
+              'trajectory_msgs/JointTrajectory output (a joint_trajectory_controller command topic).',
+              read_only=True),
+    ParamSpec('joint_names', None, 'string_array',
+              'Joints commanded by the trajectory, one per action dimension of the checkpoint. Required.',
+              read_only=True, required=True, unique=True, model_length='action_dim'),
+    ParamSpec('state_joint_names', None, 'string_array',
+              'Joints read from joint states into the state vector, in order; unset: joint_names.', read_only=True,
+              unique=True, falls_back_to='joint_names', model_length='state_dim'),
+    # --- control (live) ---
+    ParamSpec('control_rate_hz', 10.0, 'double', 'Inference ticks per second.', min_value=0.1, max_value=100.0),
+    ParamSpec('num_steps', 10, 'int', 'Flow-matching Euler steps per chunk.', min_value=1, max_value=100),
+    ParamSpec('execute_steps', 0, 'int', 'Actions of each chunk published as trajectory points; 0: the whole chunk.',
+              min_value=0, max_value=1000, model_max='chunk_size'),
+    ParamSpec('action_period_sec', 0.1, 'double',
+              'Time between consecutive actions of a chunk: point i is at (i+1) * action_period_sec.',
+              min_value=0.001, max_value=10.0),
+    ParamSpec('stamp_mode', 'zero', 'string',
+              'header.stamp of trajectories: zero (start now) or observation (newest camera stamp, so the '
+              'controller drops points that elapsed during inference).', choices=STAMP_MODES),
+    ParamSpec('instruction', '', 'string', 'Default instruction, used until one arrives on instruction_topic.'),
+    ParamSpec('max_instruction_length', 500, 'int', 'Longer instructions are refused (tick skipped).',
+              min_value=1, max_value=MAX_INSTRUCTION_CHARS),
+    ParamSpec('joint_lower_limits', None, 'double_array',
+              'Per-joint lower bound for published positions; unset: no clipping.',
+              same_length_as='joint_names', at_most='joint_upper_limits'),
+    ParamSpec('joint_upper_limits', None, 'double_array',
+              'Per-joint upper bound for published positions; unset: no clipping.', same_length_as='joint_names'),
+    ParamSpec('max_image_age_sec', 0.5, 'double', 'Skip the tick when any camera frame is older.',
+              min_value=0.0, max_value=60.0),
+    ParamSpec('max_camera_skew_sec', 0.1, 'double', 'Skip the tick when camera stamps differ by more.',
+              min_value=0.0, max_value=60.0),
+    ParamSpec('max_joint_state_age_sec', 0.5, 'double', 'Skip the tick when the joint state is older.',
+              min_value=0.0, max_value=60.0),
+    ParamSpec('cache_enabled', True, 'bool', 'Reuse the prefix K/V of a repeated observation.'),
+    ParamSpec('cache_max_bytes', 1 << 30, 'int', 'Device-memory budget of the prefix cache in bytes.',
+              min_value=0, max_value=1 << 40),
+    ParamSpec('cache_max_entries', 16, 'int', 'Most prefixes kept in the cache.', min_value=0, max_value=100000),
+    ParamSpec('dry_run', False, 'bool', 'Compute and log trajectories but publish nothing to the controller.'),
+    ParamSpec('seed', -1, 'int', 'Noise seed for every chunk (same observation, same actions); -1: fresh noise.',
+              min_value=-1, max_value=2 ** 31 - 1),
+    ParamSpec('diagnostics_period_sec', 1.0, 'double', 'Period of /diagnostics messages.',
+              min_value=0.1, max_value=60.0),
+)
+
+SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
+
+
+# ---- validation ------------------------------------------------------------------------------------
+
+def is_unset(value: Any) -> bool:
+    """None, or an empty array: 'not set' for the optional array parameters."""
+    return value is None or (isinstance(value, (list, tuple)) and not value)
+
+
+def effective(values: Mapping[str, Any], name: str, config: Any = None) -> Any:
+    """A parameter's value after its fallbacks (state_joint_names -> joint_names; cameras -> the checkpoint's)."""
+    spec = SPECS[name]
+    value = values.get(name)
+    if is_unset(value) and spec.falls_back_to:
+        return effective(values, spec.falls_back_to, config)
+    if is_unset(value) and spec.model_default and config is not None:
+        return tuple(getattr(config, spec.model_default))
+    return value
+
+
+def value_problem(spec: ParamSpec, value: Any) -> Optional[str]:
+    """Why ``value`` cannot be this parameter on its own (type, range, choices, repeats), or None."""
+    if value is None:
+        return f'{spec.name} is not set ({spec.description})' if spec.required else None
+    type_problem = _type_problem(spec, value)
+    if type_problem:
+        return type_problem
+    if spec.required and is_unset(value):
+        return f'{spec.name} is not set ({spec.description})'
+    elements = list(value) if spec.is_array else [value]
+    if spec.type_name in ('double', 'double_array') and not all(math.isfinite(v) for v in elements):
+        return f'{spec.name} must be finite, got {value!r}'
+    if spec.min_value is not None and not all(spec.min_value <= v <= spec.max_value for v in elements):
+        return f'{spec.name} must be in [{spec.min_value:g}, {spec.max_value:g}], got {value!r}'
+    if spec.choices and not all(v in spec.choices for v in elements):
+        return f'{spec.name} must be one of {list(spec.choices)}, got {value!r}'
+    if spec.unique and len(set(elements)) != len(elements):
+        return f'{spec.name} has duplicates: {list(elements)}'
+    return None
+
+
+def _type_problem(spec: ParamSpec, value: Any) -> Optional[str]:
+    # As strict as ROS: 10 is not a double, 1 is not a bool (rcl parses params files this way too).
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    element_ok = {'bool': lambda v: isinstance(v, bool), 'int': is_int,
+                  'double': lambda v: isinstance(v, float), 'string': lambda v: isinstance(v, str)}
+    base = spec.type_name[:-len('_array')] if spec.is_array else spec.type_name
+    if spec.is_array:
+        ok = isinstance(value, (list, tuple)) and all(element_ok[base](v) for v in value)
+    else:
+        ok = element_ok[base](value)
+    if ok:
+        return None
+    hint = ' (write 10.0, not 10)' if base == 'double' else ''
+    return f'{spec.name} must be a {spec.type_name}{hint}, got {type(value).__name__} {value!r}'
+
+
+def _relation_problem(spec: ParamSpec, values: Mapping[str, Any], config: Any) -> Optional[str]:
+    value = values.get(spec.name)
+    if spec.same_length_as and not is_unset(value):
+        other = effective(values, spec.same_length_as, config)
+        if not is_unset(other) and len(other) != len(value):
+            return f'{spec.name} has {len(value)} entries for {len(other)} {spec.same_length_as}'
+    if spec.at_most and not is_unset(value):
+        upper = values.get(spec.at_most)
+        if not is_unset(upper) and len(upper) == len(value) and any(lo > hi for lo, hi in zip(value, upper)):
+            return f'{spec.name} must not exceed {spec.at_most}'
+    if config is None:
+        return None
+    value = effective(values, spec.name, config)
+    if spec.model_length and not is_unset(value) and len(value) != getattr(config, spec.model_length):
+        return (f'{spec.name} has {len(value)} entries; the checkpoint has {spec.model_length} '
+                f'{getattr(config, spec.model_length)}')
+    if spec.model_max and value is not None and value > getattr(config, spec.model_max):
+        return f'{spec.name} {value} exceeds the checkpoint {spec.model_max} {getattr(config, spec.model_max)}'
+    if spec.model_members and not is_unset(value):
+        known = tuple(getattr(config, spec.model_members))
+        unknown = [v for v in value if v not in known]
+        if unknown:
+            return f'{spec.name} {unknown} are not in the checkpoint {spec.model_members} {list(known)}'
+    return None
+
+
+def problems(values: Mapping[str, Any], config: Any = None) -> List[str]:
+    """Every reason to refuse ``values`` (one line each, naming the parameter); with ``config``, also
+    the rules against the loaded checkpoint (joint counts, camera names, chunk size)."""
+    found = []
+    for spec in PARAMETERS:
+        problem = value_problem(spec, values.get(spec.name)) or _relation_problem(spec, values, config)
+        if problem:
+            found.append(problem)
+    return found
+
+
+def validate(values: Mapping[str, Any], config: Any = None) -> None:
+    """Raise ParameterError with the first problem; the node, the replay and the demo all call this."""
+    found = problems(values, config)
+    if found:
+        raise ParameterError(found[0])
+
+
+def resolve_values(overrides: Mapping[str, Any]) -> Dict[str, Any]:
+    """Every parameter's value: the override where given, else the table default. Unknown names are refused."""
+    unknown = sorted(set(overrides) - set(SPECS) - set(ROS_PARAMETERS))
+    if unknown:
+        raise ParameterError(f'unknown parameter(s) {unknown}')
+    return {spec.name: overrides.get(spec.name, spec.default) for spec in PARAMETERS}
+
+
+def load_params_file(path: Path, node_name: str = NODE_NAME) -> Dict[str, Any]:
+    """ros__parameters for ``node_name`` from a ROS 2 params YAML (wildcard sections first)."""
+    try:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ParameterError(f'params file {path} does not exist') from None
+    except yaml.YAMLError as exc:
+        raise ParameterError(f'params file {path} is not valid YAML: {exc}') from exc
+    if not isinstance(document, dict):
+        raise ParameterError(f'params file {path} is not a mapping of node names to ros__parameters')
+    merged: Dict[str, Any] = {}
+    for section in ('/**', f'/**/{node_name}', node_name, f'/{node_name}'):
+        block = document.get(section)
+        if isinstance(block, dict):
+            merged.update(block.get('ros__parameters') or {})
+    return merged
+
+
+# ---- generated documentation ------------------------------------------------------------------------
+
+def _format_default(spec: ParamSpec) -> str:
+    if spec.default is None:
+        return '(unset)'
+    if isinstance(spec.default, str):
+        return f'`"{spec.default}"`' if spec.default else '`""`'
+    return f'`{spec.default}`'
+
+
+def markdown_table() -> str:
+    """README table of every parameter, generated from PARAMETERS."""
+    lines = ['| parameter | type | default | live | range / choices | description |',
+             '|---|---|---|---|---|---|']
+    for spec in PARAMETERS:
+        if spec.choices:
+            bounds = ', '.join(spec.choices)
+        elif spec.min_value is not None:
+            bounds = f'{spec.min_value:g} .. {spec.max_value:g}'
+        else:
+            bounds = ''
+        lines.append(f'| `{spec.name}` | {spec.type_name} | {_format_default(spec)} | '
+                     f'{"yes" if spec.live else "restart"} | {bounds} | {spec.description} |')
+    return '\n'.join(lines)
+
+
+TOPICS: Tuple[Tuple[str, str, str, str], ...] = (
+    # (direction, topic (parameter that sets it), type, QoS)
+    ('in', '`/cameras/<name>/image_raw` per camera (`camera_topics`)', 'sensor_msgs/Image or CompressedImage '
+     '(`camera_types`)', 'sensor data: best effort, keep last 5'),
+    ('in', '`/instruction` (`instruction_topic`)', 'std_msgs/String', 'reliable, depth 1, '
+     'durability `instruction_durability`'),
+    ('in', '`/joint_states` (`joint_states_topic`)', 'sensor_msgs/JointState', 'sensor data: best effort'),
+    ('in', '`/clock` (with `use_sim_time`)', 'rosgraph_msgs/Clock', 'ROS default'),
+    ('out', f'`{DEFAULT_TRAJECTORY_TOPIC}` (`trajectory_topic`)', 'trajectory_msgs/JointTrajectory',
+     'reliable, depth 10 (lifecycle publisher: only while active)'),
+    ('out', '`/diagnostics`', 'diagnostic_msgs/DiagnosticArray', 'reliable, depth 10, every '
+     '`diagnostics_period_sec`'),
+    ('srv', '`/vla_policy/change_state`, `get_state`, ...', 'lifecycle_msgs', 'lifecycle services'),
+)
+
+
+def topics_table() -> str:
+    lines = ['| | topic | type | QoS |', '|---|---|---|---|']
+    lines += [f'| {direction} | {topic} | {msg_type} | {qos} |' for direction, topic, msg_type, qos in TOPICS]
+    return '\n'.join(lines)
+
+
+def yaml_document(section: str = f'/**/{NODE_NAME}') -> List[str]:
+    """Lines of a params file documenting every parameter (commented where unset)."""
+    lines = ['# Every parameter of vla_policy_node with its default. Generated by',
+             '#   python -m vla_policy_node.params --yaml > config/vla_policy.yaml',
+             f'# "{section}" matches the node in any namespace.',
+             f'{section}:', '  ros__parameters:']
+    for spec in PARAMETERS:
+        lines.append(f'    # {spec.description}' + (' (restart to change)' if spec.read_only else ''))
+        if spec.default is None:
+            lines.append(f'    # {spec.name}: []')
+        elif isinstance(spec.default, str):
+            lines.append(f'    {spec.name}: "{spec.default}"')
+        elif isinstance(spec.default, bool):
+            lines.append(f'    {spec.name}: {str(spec.default).lower()}')
+        else:
+            lines.append(f'    {spec.name}: {spec.default}')
+    return lines
+
+
+def update_readme(path: Path) -> None:
+    """Rewrite the parameter and topics tables of a README in place (each table ends at its first blank line)."""
+    text = Path(path).read_text()
+    for table in (markdown_table(), topics_table()):
+        header = table.split('\n', 1)[0]
+        start = text.index(header + '\n')
+        end = text.find('\n\n', start)
+        text = text[:start] + table + (text[end:] if end >= 0 else '\n')
+    Path(path).write_text(text)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description='Print the parameter table (markdown) or a documented params file.')
+    parser.add_argument('--yaml', action='store_true', help='print a params YAML with every default')
+    parser.add_argument('--topics', action='store_true', help='print the topics table (markdown)')
+    parser.add_argument('--readme', type=Path, help='rewrite both tables of this README in place')
+    args = parser.parse_args(argv)
+    if args.readme:
+        update_readme(args.readme)
+    elif args.yaml:
+        print('\n'.join(yaml_document()))
+    else:
+        print(topics_table() if args.topics else markdown_table())
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
