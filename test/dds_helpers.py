@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
+import pytest
 import yaml
 
 import rclpy
@@ -226,6 +227,19 @@ def check_jtc(msg: JointTrajectory, joint_names: Sequence[str] = JOINTS, points:
         assert stamp_ns(msg.header.stamp) == 0
     elif zero_stamp is False:
         assert stamp_ns(msg.header.stamp) > 0
+
+
+def check_chunk_timing(msg: JointTrajectory, execute_steps: int, dt: float, max_elapsed: int = 3) -> None:
+    """stamp zero: the actions not yet due when the chunk was published, timed from publication.
+
+    Points are dt apart; the first is due within (0, dt] (it is the first action not yet due); the
+    ones that fell due during inference (a few at most, on a loaded machine) are not published.
+    """
+    check_jtc(msg, JOINTS, zero_stamp=True)
+    times = times_of(msg)
+    assert execute_steps - max_elapsed <= len(times) <= execute_steps, times
+    assert 0 < times[0] <= dt + 1e-9, times
+    assert times == pytest.approx([times[0] + k * dt for k in range(len(times))], abs=1e-6)
 
 
 # ---- frames ------------------------------------------------------------------------------------

@@ -100,6 +100,29 @@ def test_same_seed_same_trajectories_and_the_hold_window_hits(bag, checkpoint, t
     assert first.summary['cache']['hits'] >= first.summary['published'] // 3
 
 
+def test_simulated_latency_is_deterministic_and_rtc_hands_over_smoothly(bag, checkpoint, tmp_path):
+    bag_path, spec = bag
+    runs = {}
+    for name, chunking in (('independent', 'independent'), ('rtc', 'rtc'), ('rtc_again', 'rtc')):
+        runs[name] = replay(bag_path, _params(tmp_path, chunking=chunking, execute_steps=10), tmp_path / name,
+                            checkpoint=str(checkpoint), seed=2, latency_ms=250.0)
+    again = [(t, [list(p.positions) for p in m.points]) for t, m in _trajectories(tmp_path / 'rtc_again')]
+    assert again == [(t, [list(p.positions) for p in m.points]) for t, m in _trajectories(tmp_path / 'rtc')]
+    for name, result in runs.items():
+        summary = result.summary
+        assert summary['simulated_latency_ms'] == 250.0 and summary['handover']['count'] > 0
+        assert (tmp_path / name / 'handover.png').read_bytes()[:4] == b'\x89PNG'
+        for timestamp_ns, msg in _trajectories(tmp_path / name):
+            # Written when published (250 ms after the tick); the 2 actions due by then are not in it.
+            assert (timestamp_ns - spec.start_time_ns) % (NS // 10) == 250_000_000 % (NS // 10)
+            assert len(msg.points) == 8 and abs(_point_times(msg)[0] - 0.05) < 1e-6
+    assert runs['rtc'].summary['chunks_continued'] > 0 and runs['independent'].summary['chunks_continued'] == 0
+    rtc_jump = runs['rtc'].summary['handover']['jump_max']['p50']
+    assert rtc_jump < 0.5 * runs['independent'].summary['handover']['jump_max']['p50']
+    with pytest.raises(Exception, match='latency-ms'):
+        replay(bag_path, _params(tmp_path), tmp_path / 'bad', checkpoint=str(checkpoint), latency_ms=-1.0)
+
+
 def test_dry_run_publishes_nothing(bag, checkpoint, tmp_path):
     bag_path, _ = bag
     result = replay(bag_path, _params(tmp_path, dry_run=True), tmp_path / 'out', checkpoint=str(checkpoint))

@@ -26,15 +26,16 @@ def test_last_velocity_is_zero_and_velocities_are_central_differences():
     rng = np.random.default_rng(0)
     positions = rng.normal(size=(6, 3))
     dt = 0.1
-    velocities = finite_difference_velocities(positions, dt)
+    times = (np.arange(6) + 1.0) * dt
+    velocities = finite_difference_velocities(positions, times)
     assert np.all(velocities[-1] == 0.0)
     np.testing.assert_allclose(velocities[1:-1], (positions[2:] - positions[:-2]) / (2 * dt))
     np.testing.assert_allclose(velocities[0], (positions[1] - positions[0]) / dt)   # one-sided without current
     current = rng.normal(size=3)
-    with_current = finite_difference_velocities(positions, dt, current)
+    with_current = finite_difference_velocities(positions, times, current)
     np.testing.assert_allclose(with_current[0], (positions[1] - current) / (2 * dt))
     # A current position of the wrong shape is ignored, not broadcast.
-    np.testing.assert_allclose(finite_difference_velocities(positions, dt, np.zeros(2))[0], velocities[0])
+    np.testing.assert_allclose(finite_difference_velocities(positions, times, np.zeros(2))[0], velocities[0])
 
 
 def test_single_point_has_zero_velocity():

@@ -46,6 +46,7 @@ class SkipReason(str, enum.Enum):
     INSTRUCTION_TOO_LONG = 'instruction_too_long'
     BAD_INPUT = 'bad_input'
     INVALID_ACTIONS = 'invalid_actions'
+    CHUNK_ELAPSED = 'chunk_elapsed'
     INTERNAL_ERROR = 'internal_error'
 
     def __str__(self) -> str:

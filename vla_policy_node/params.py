@@ -18,7 +18,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from .handover import CHUNKING_MODES, DELAY_MODES
 from .observation import MAX_INSTRUCTION_CHARS
+from .policy.rtc import RTC_MODES, SCHEDULES
 from .trajectory import STAMP_MODES
 
 NODE_NAME = 'vla_policy'
@@ -55,6 +57,7 @@ class ParamSpec:
     model_length: Optional[str] = None      # length == this attribute of the checkpoint config
     model_max: Optional[str] = None         # value <= this attribute of the checkpoint config
     model_members: Optional[str] = None     # every element is in this attribute of the checkpoint config
+    model_requires: Optional[Tuple[str, str]] = None   # (value, attribute): that value needs attribute > 0
 
     @property
     def live(self) -> bool:
@@ -119,8 +122,33 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'Time between consecutive actions of a chunk: point i is at (i+1) * action_period_sec.',
               min_value=0.001, max_value=10.0),
     ParamSpec('stamp_mode', 'zero', 'string',
-              'header.stamp of trajectories: zero (start now) or observation (newest camera stamp, so the '
-              'controller drops points that elapsed during inference).', choices=STAMP_MODES),
+              'header.stamp of trajectories: zero (start now; the node drops the actions that fell due during '
+              'inference and times the rest from publication) or observation (the newest camera stamp, every '
+              'point; the controller drops the elapsed ones, so its clock must match the cameras\').',
+              choices=STAMP_MODES),
+    ParamSpec('chunking', 'independent', 'string',
+              'independent: every chunk is sampled on its own; rtc: real-time chunking, each chunk continues '
+              'the unexecuted rest of the one being executed (smooth hand-over).', choices=CHUNKING_MODES),
+    ParamSpec('rtc_mode', 'guided', 'string',
+              'guided: training-free guidance toward the previous chunk; trained: clamp the first delay actions '
+              '(checkpoints trained with rtc_training_max_delay > 0).', choices=RTC_MODES,
+              model_requires=('trained', 'rtc_training_max_delay')),
+    ParamSpec('rtc_schedule', 'linear', 'string',
+              'Guidance weights over the previous chunk, after the delay: zeros, ones, linear or exp decay.',
+              choices=SCHEDULES),
+    ParamSpec('rtc_max_guidance_weight', 10.0, 'double', 'Upper bound of the guidance weight (beta).',
+              min_value=0.01, max_value=1000.0),
+    ParamSpec('rtc_execution_horizon', 10, 'int',
+              'Actions of the previous chunk that guide the new one (capped at what is left of it).',
+              min_value=1, max_value=1000, model_max='chunk_size'),
+    ParamSpec('inference_delay_mode', 'measured', 'string',
+              'How the inference delay d (actions that fall due before a chunk is out) is estimated: measured '
+              '(the most that elapsed over the last inference_delay_window ticks, the first after activation '
+              'excluded) or fixed (inference_delay_steps).', choices=DELAY_MODES),
+    ParamSpec('inference_delay_window', 20, 'int', 'Ticks over which the measured inference delay is taken.',
+              min_value=1, max_value=1000),
+    ParamSpec('inference_delay_steps', 0, 'int', 'The inference delay in actions when inference_delay_mode is fixed.',
+              min_value=0, max_value=1000, model_max='chunk_size'),
     ParamSpec('instruction', '', 'string', 'Default instruction, used until one arrives on instruction_topic.'),
     ParamSpec('max_instruction_length', 500, 'int', 'Longer instructions are refused (tick skipped).',
               min_value=1, max_value=MAX_INSTRUCTION_CHARS),
@@ -224,6 +252,9 @@ def _relation_problem(spec: ParamSpec, values: Mapping[str, Any], config: Any) -
                 f'{getattr(config, spec.model_length)}')
     if spec.model_max and value is not None and value > getattr(config, spec.model_max):
         return f'{spec.name} {value} exceeds the checkpoint {spec.model_max} {getattr(config, spec.model_max)}'
+    if spec.model_requires and value == spec.model_requires[0] and not getattr(config, spec.model_requires[1]) > 0:
+        return (f'{spec.name} {value} needs a checkpoint with {spec.model_requires[1]} > 0, this one has '
+                f'{getattr(config, spec.model_requires[1])}')
     if spec.model_members and not is_unset(value):
         known = tuple(getattr(config, spec.model_members))
         unknown = [v for v in value if v not in known]

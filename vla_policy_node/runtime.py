@@ -27,6 +27,7 @@ from .policy.checkpoint import load_checkpoint
 from .policy.config import PolicyConfig
 from .policy.normalize import FeatureNormalizer
 from .policy.pi0 import PiZeroModel
+from .policy.rtc import RTCSettings
 from .policy.preprocess import empty_camera_image, image_to_unit_tensor, resize_with_pad, to_model_range
 from .policy.tokenizer import PromptTokenizer, TokenizerError
 
@@ -48,6 +49,8 @@ class ActionChunk:
     key: Optional[str]
     num_steps: int
     camera_slots: Tuple[str, ...] = field(default_factory=tuple)
+    normalized: Optional[np.ndarray] = None     # [horizon, action_dim] in the model's space (an RTC leftover)
+    continued: bool = False                     # steered by a previous chunk's leftover (real-time chunking)
 
     @property
     def total_ms(self) -> float:
@@ -230,24 +233,71 @@ class PolicyRuntime:
         slots, _, tokens, token_mask = self._prepare(observation)
         return self._keys.key(slots, tokens, token_mask)
 
+    def _leftover(self, prev_chunk_left_over: Optional[np.ndarray], prev_actions: Optional[np.ndarray]
+                  ) -> Optional[torch.Tensor]:
+        """The previous chunk's unexecuted actions in the model's space [T, A], or None.
+
+        prev_chunk_left_over is already normalised ([T, <= max_action_dim]); prev_actions are robot
+        units ([T, action_dim]) and are normalised here with the checkpoint's action statistics.
+        """
+        if prev_chunk_left_over is not None and prev_actions is not None:
+            raise ObservationError('prev_actions', 'give prev_chunk_left_over or prev_actions, not both')
+        name, array = (('prev_actions', prev_actions) if prev_actions is not None
+                       else ('prev_chunk_left_over', prev_chunk_left_over))
+        if array is None:
+            return None
+        array = np.asarray(array, dtype=np.float64)
+        width = self.config.action_dim if name == 'prev_actions' else self.config.max_action_dim
+        if array.ndim != 2 or not 0 < array.shape[1] <= width or (name == 'prev_actions' and array.shape[1] != width):
+            raise ObservationError(name, f'expected [T, {width}], got {list(array.shape)}')
+        if not np.all(np.isfinite(array)):
+            raise ObservationError(name, 'non-finite value(s)')
+        if name == 'prev_actions':
+            array = self.action_normalizer.normalize(array)
+        return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(self.device)
+
+    def _check_rtc(self, rtc: Optional[RTCSettings], inference_delay: int) -> None:
+        if inference_delay < 0:
+            raise ObservationError('inference_delay', f'must be >= 0, got {inference_delay}')
+        if rtc is None or rtc.mode != 'trained':
+            return
+        limit = self.config.rtc_training_max_delay
+        if limit <= 0:
+            raise ObservationError('rtc', 'mode "trained" needs a checkpoint with rtc_training_max_delay > 0')
+        if inference_delay > limit:
+            raise ObservationError('inference_delay', f'{inference_delay} exceeds the checkpoint '
+                                   f'rtc_training_max_delay {limit}')
+
     def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
               seed: Optional[int] = None, num_steps: Optional[int] = None,
               use_cache: Optional[bool] = None,
-              max_instruction_length: int = MAX_INSTRUCTION_CHARS) -> ActionChunk:
+              max_instruction_length: int = MAX_INSTRUCTION_CHARS, *,
+              prev_chunk_left_over: Optional[np.ndarray] = None, prev_actions: Optional[np.ndarray] = None,
+              inference_delay: int = 0, execution_horizon: Optional[int] = None,
+              rtc: Optional[RTCSettings] = None) -> ActionChunk:
         """One action chunk; ``num_steps`` / ``use_cache`` None use the runtime's settings.
 
+        Real-time chunking (``rtc``, see policy/rtc.py): the previous chunk's unexecuted actions as
+        ``prev_chunk_left_over`` (normalised, as lerobot takes them) or ``prev_actions`` (robot units),
+        ``inference_delay`` and ``execution_horizon`` in actions. It acts on the suffix only: the
+        cached prefix is the same, and a hit returns what a miss does for the same leftover.
+
         Bad input raises ObservationError. Everything checkable without decoding
-        (cameras, frame geometry, state, instruction, noise) is checked before
+        (cameras, frame geometry, state, instruction, noise, leftover) is checked before
         the cache lookup; a corrupt compressed image is only found while
         decoding on a miss, and then nothing is stored.
         """
         with self._lock:
             return self._infer_locked(observation, noise, seed, num_steps,
                                       self.cache_enabled if use_cache is None else use_cache,
-                                      min(int(max_instruction_length), MAX_INSTRUCTION_CHARS))
+                                      min(int(max_instruction_length), MAX_INSTRUCTION_CHARS),
+                                      dict(prev_chunk_left_over=prev_chunk_left_over, prev_actions=prev_actions,
+                                           inference_delay=int(inference_delay),
+                                           execution_horizon=execution_horizon, rtc=rtc))
 
     def _infer_locked(self, observation: Observation, noise: Optional[np.ndarray], seed: Optional[int],
-                      num_steps: Optional[int], use_cache: bool, max_instruction_length: int) -> ActionChunk:
+                      num_steps: Optional[int], use_cache: bool, max_instruction_length: int,
+                      continuation: Dict[str, object]) -> ActionChunk:
         cfg = self.config
         timer = _StageTimer(self.device)
         timer.start('hash')
@@ -256,6 +306,9 @@ class PolicyRuntime:
         if steps < 1:
             raise ObservationError('num_steps', f'must be >= 1, got {steps}')
         noise_tensor = self._noise(noise, seed)
+        leftover = self._leftover(continuation.pop('prev_chunk_left_over'), continuation.pop('prev_actions'))
+        rtc = continuation['rtc']
+        self._check_rtc(rtc, continuation['inference_delay'])
         key = self._keys.key(slots, tokens, token_mask) if use_cache else None
         context = self.cache.get(key) if use_cache else None
         timer.stop()
@@ -272,12 +325,14 @@ class PolicyRuntime:
                 self._store(key, context)
         timer.start('denoise')
         state_t = torch.from_numpy(state)[None].to(self.device)
-        normalized = self.model.denoise(context, state_t, noise_tensor, steps)       # [1, H, max_action_dim]
+        normalized = self.model.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
+                                        **continuation)                                 # [1, H, max_action_dim]
         actions = normalized[0, :, :cfg.action_dim].float().cpu().numpy()
         timer.stop()
         return ActionChunk(actions=self.action_normalizer.unnormalize(actions), cache_hit=hit,
                            timings_ms=dict(timer.ms), key=key, num_steps=steps,
-                           camera_slots=tuple(name for name, _ in slots))
+                           camera_slots=tuple(name for name, _ in slots), normalized=actions,
+                           continued=rtc is not None and leftover is not None and len(leftover) > 0)
 
     def _preprocess(self, slots: Sequence[Tuple[str, CameraInput]]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decode, resize-with-pad and scale every slot -> images [1, N, 3, H, W], masks [1, N]."""

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
 from .params import BUILTIN_TINY, effective, validate
 from .policy.config import PolicyConfig
+from .policy.rtc import RTCSettings
 from .policy.tiny_default import builtin_tiny_checkpoint
 from .runtime import PolicyRuntime, set_cpu_threads
 from .tick import TickSettings
@@ -61,7 +62,18 @@ def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSetting
                         upper_limits=tuple(values['joint_upper_limits'] or ()),
                         num_steps=values['num_steps'], seed=None if values['seed'] < 0 else values['seed'],
                         cache_enabled=values['cache_enabled'],
-                        max_instruction_length=values['max_instruction_length'])
+                        max_instruction_length=values['max_instruction_length'],
+                        rtc=rtc_settings(values), delay_mode=values['inference_delay_mode'],
+                        delay_window=values['inference_delay_window'], delay_steps=values['inference_delay_steps'])
+
+
+def rtc_settings(values: Mapping[str, Any]) -> Optional[RTCSettings]:
+    """Real-time chunking as the parameters ask for it; None with chunking independent."""
+    if values['chunking'] != 'rtc':
+        return None
+    return RTCSettings(mode=values['rtc_mode'], schedule=values['rtc_schedule'],
+                       max_guidance_weight=values['rtc_max_guidance_weight'],
+                       execution_horizon=values['rtc_execution_horizon'])
 
 
 def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:

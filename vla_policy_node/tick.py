@@ -1,26 +1,32 @@
 """One control tick, the same for the live node and the offline replay.
 
     InputBuffer --assemble--> Observation --runtime.infer--> ActionChunk --build_plan--> TrajectoryPlan
+                 hand-over: leftover + delay ---^        publication time ---^--> take-over figures
 
 Anything wrong on the way becomes a SkipTick with a reason; nothing invalid
-leaves this module. The caller (node or replay) owns the clock and the output.
+leaves this module. The caller (node or replay) owns the clock and the output;
+it passes the clock so a chunk can be timed from its publication.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Deque, Dict, Optional, Tuple
+from typing import Callable, Deque, Dict, Optional, Tuple
 
 import numpy as np
 
 from .observation import (AssembledObservation, InputBuffer, InputLayout, ObservationError, SkipReason, SkipTick,
                           TimingLimits)
+from .handover import ChunkHandover, Continuation, ExecutingChunk, HandoverMetrics, elapsed_actions
+from .policy.rtc import RTCSettings
 from .runtime import STAGES, ActionChunk, PolicyRuntime
-from .trajectory import TrajectoryError, TrajectoryPlan, build_plan
+from .trajectory import TrajectoryError, TrajectoryPlan, build_plan, published_range
 
 LATENCY_WINDOW = 200
+HANDOVER_FIGURES = ('jump_max', 'overlap_mean')
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,14 @@ class TickSettings:
     seed: Optional[int] = None          # None: fresh noise every tick
     cache_enabled: bool = True
     max_instruction_length: int = 500
+    rtc: Optional[RTCSettings] = None   # chunking 'rtc': continue the executing chunk; None: independent
+    delay_mode: str = 'measured'        # how d is estimated (handover.DelayEstimator)
+    delay_window: int = 20
+    delay_steps: int = 0
+
+    @property
+    def period_ns(self) -> int:
+        return int(round(self.action_period_sec * 1e9))
 
 
 @dataclass
@@ -48,6 +62,10 @@ class TickOutcome:
     chunk: Optional[ActionChunk] = None
     skip: Optional[SkipTick] = None
     assembled: Optional[AssembledObservation] = None
+    origin_ns: int = 0                         # the observation time the chunk's actions count from
+    publish_ns: int = 0                        # when it was ready to publish
+    delay: int = 0                             # the estimated inference delay d it was computed with
+    handover: Optional[HandoverMetrics] = None
 
 
 class TickStats:
@@ -64,6 +82,11 @@ class TickStats:
         self.skipped: Dict[str, int] = collections.Counter()
         self._latency: Dict[str, Deque[float]] = {stage: collections.deque(maxlen=window)
                                                   for stage in STAGES + ('total',)}
+        self._handover: Dict[str, Deque[float]] = {name: collections.deque(maxlen=window)
+                                                   for name in HANDOVER_FIGURES}
+        self.handovers = 0
+        self.continued = 0                     # chunks steered by the previous one (rtc)
+        self.delay = 0                         # the last estimated inference delay, in actions
         self.last_skip: Optional[SkipTick] = None
 
     def record(self, outcome: TickOutcome) -> None:
@@ -82,8 +105,16 @@ class TickStats:
                 for stage in STAGES:
                     self._latency[stage].append(chunk.timings_ms.get(stage, 0.0))
                 self._latency['total'].append(chunk.total_ms)
+                self.continued += int(chunk.continued)
+                self.delay = outcome.delay
             if outcome.plan is not None and outcome.plan.clipped:
                 self.clipped += 1
+            if outcome.handover is not None:
+                self.handovers += 1
+                for name in HANDOVER_FIGURES:
+                    value = getattr(outcome.handover, name)
+                    if np.isfinite(value):
+                        self._handover[name].append(value)
 
     def record_published(self) -> None:
         with self._lock:
@@ -92,7 +123,12 @@ class TickStats:
     def latency_summary(self) -> Dict[str, Dict[str, float]]:
         """Per stage: p50, p95 and max in ms over the recent window."""
         with self._lock:
-            return self.latency_summary_unlocked()
+            return _percentiles(self._latency)
+
+    def handover_summary(self) -> Dict[str, Dict[str, float]]:
+        """Hand-over jump and overlap disagreement (joint units): p50, p95 and max over the recent window."""
+        with self._lock:
+            return _percentiles(self._handover)
 
     @property
     def skipped_total(self) -> int:
@@ -104,16 +140,18 @@ class TickStats:
         with self._lock:
             return TickStatsSnapshot(ticks=self.ticks, chunks=self.chunks, published=self.published,
                                      clipped=self.clipped, skipped=dict(self.skipped), last_skip=self.last_skip,
-                                     latency=self.latency_summary_unlocked())
+                                     latency=_percentiles(self._latency), handover=_percentiles(self._handover),
+                                     continued=self.continued, delay=self.delay)
 
-    def latency_summary_unlocked(self) -> Dict[str, Dict[str, float]]:
-        summary = {}
-        for stage, values in self._latency.items():
-            if values:
-                array = np.asarray(values)
-                summary[stage] = {'p50': float(np.percentile(array, 50)), 'p95': float(np.percentile(array, 95)),
-                                  'max': float(array.max())}
-        return summary
+
+def _percentiles(windows: Dict[str, Deque[float]]) -> Dict[str, Dict[str, float]]:
+    summary = {}
+    for name, values in windows.items():
+        if values:
+            array = np.asarray(values)
+            summary[name] = {'p50': float(np.percentile(array, 50)), 'p95': float(np.percentile(array, 95)),
+                             'max': float(array.max())}
+    return summary
 
 
 @dataclass(frozen=True)
@@ -125,6 +163,9 @@ class TickStatsSnapshot:
     skipped: Dict[str, int]
     last_skip: Optional[SkipTick]
     latency: Dict[str, Dict[str, float]]
+    handover: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
+    continued: int = 0
+    delay: int = 0
 
     @property
     def skipped_total(self) -> int:
@@ -132,44 +173,90 @@ class TickStatsSnapshot:
 
 
 class TickEngine:
-    """Runs ticks against a runtime; owns no clock and publishes nothing."""
+    """Runs ticks against a runtime and keeps the chunk hand-over; owns no clock and publishes nothing.
+
+    Every plan it returns is taken to be handed to the controller (dry_run included, so a dry run
+    reports what the robot would have done); ``reset`` when nothing is executing any more.
+    """
 
     def __init__(self, runtime: PolicyRuntime, stats: Optional[TickStats] = None) -> None:
         self.runtime = runtime
         self.stats = stats or TickStats()
+        self.handover = ChunkHandover()
 
-    def run(self, buffer: InputBuffer, settings: TickSettings, now_ns: int) -> TickOutcome:
+    def reset(self) -> None:
+        self.handover.reset()
+
+    def run(self, buffer: InputBuffer, settings: TickSettings, now_ns: int,
+            clock: Optional[Callable[[], int]] = None) -> TickOutcome:
+        """One tick at ``now_ns``; ``clock()`` gives the publication time after inference (default: now_ns)."""
         outcome = TickOutcome(now_ns=now_ns)
         try:
             if now_ns == 0:
                 # use_sim_time before the first /clock: time is 0, no age or stamp means anything yet.
                 raise SkipTick(SkipReason.WAITING_FOR_CLOCK, 'use_sim_time is set and no /clock has arrived')
             outcome.assembled = buffer.assemble(settings.layout, settings.limits, now_ns)
-            outcome.chunk = self._infer(outcome.assembled, settings)
-            outcome.plan = self._plan(outcome.chunk, outcome.assembled, settings)
+            outcome.origin_ns = outcome.assembled.stamp_ns if settings.stamp_mode == 'observation' else now_ns
+            continuation = self._continuation(outcome, settings)
+            outcome.chunk = self._infer(outcome.assembled, settings, continuation)
+            outcome.publish_ns = clock() if clock is not None else now_ns
+            outcome.plan = self._plan(outcome, settings)
         except SkipTick as skip:
             outcome.skip = skip
         self.stats.record(outcome)
         return outcome
 
-    def _infer(self, assembled: AssembledObservation, settings: TickSettings) -> ActionChunk:
+    def _continuation(self, outcome: TickOutcome, settings: TickSettings) -> Continuation:
+        delay = self.handover.delays.estimate(settings.delay_mode, settings.delay_window, settings.delay_steps)
+        if settings.rtc is not None and settings.rtc.mode == 'trained':
+            # The checkpoint learned to continue at most this many; lerobot's rollout clamps too.
+            delay = min(delay, self.runtime.config.rtc_training_max_delay)
+        outcome.delay = delay
+        if settings.rtc is None:
+            return Continuation(None, delay)
+        return self.handover.continuation(outcome.origin_ns, delay)
+
+    def _infer(self, assembled: AssembledObservation, settings: TickSettings,
+               continuation: Continuation) -> ActionChunk:
         try:
             return self.runtime.infer(assembled.observation, seed=settings.seed, num_steps=settings.num_steps,
                                       use_cache=settings.cache_enabled,
-                                      max_instruction_length=settings.max_instruction_length)
+                                      max_instruction_length=settings.max_instruction_length,
+                                      prev_chunk_left_over=continuation.leftover,
+                                      inference_delay=continuation.delay, rtc=settings.rtc)
         except ObservationError as exc:
             raise SkipTick(exc.reason, str(exc), settings.layout.topic_of(exc.field)) from exc
 
-    @staticmethod
-    def _plan(chunk: ActionChunk, assembled: AssembledObservation, settings: TickSettings) -> TrajectoryPlan:
-        stamp_ns = assembled.stamp_ns if settings.stamp_mode == 'observation' else 0
+    def _plan(self, outcome: TickOutcome, settings: TickSettings) -> TrajectoryPlan:
+        """The chunk as a trajectory from its first action not yet due, and the take-over it makes.
+
+        stamp_mode zero: the elapsed actions are dropped and the rest timed from the publication.
+        stamp_mode observation: every point, stamped at the observation; the controller drops the
+        elapsed ones itself (so clocks must agree).
+        """
+        chunk, assembled = outcome.chunk, outcome.assembled
+        period_ns = settings.period_ns
+        elapsed = elapsed_actions(outcome.origin_ns, outcome.publish_ns, period_ns)
+        end = published_range(chunk.actions.shape[0], settings.execute_steps)
+        if elapsed >= end:
+            late_ms = (outcome.publish_ns - outcome.origin_ns) / 1e6
+            raise SkipTick(SkipReason.CHUNK_ELAPSED, f'published {late_ms:.0f} ms after the observation: all {end} '
+                           'published actions were already due')
+        observation_stamp = settings.stamp_mode == 'observation'
+        first = 0 if observation_stamp else elapsed
         same_joints = settings.layout.state_joint_names == settings.joint_names
         try:
-            return build_plan(chunk.actions, settings.joint_names, settings.action_period_sec,
-                              settings.execute_steps, stamp_ns, settings.lower_limits, settings.upper_limits,
-                              current=assembled.current_positions if same_joints else None)
+            plan = build_plan(chunk.actions, settings.joint_names, settings.action_period_sec,
+                              settings.execute_steps, outcome.origin_ns if observation_stamp else 0,
+                              settings.lower_limits, settings.upper_limits,
+                              current=assembled.current_positions if same_joints else None, first=first,
+                              elapsed_sec=0.0 if observation_stamp else (outcome.publish_ns - outcome.origin_ns) / 1e9)
         except TrajectoryError as exc:
             raise SkipTick(SkipReason.INVALID_ACTIONS, f'policy output not published: {exc}') from exc
+        executed = plan.positions[elapsed - first:]      # what the controller will execute
+        outcome.handover = self.handover.take_over(
+            ExecutingChunk(outcome.origin_ns, period_ns, elapsed, chunk.normalized, executed), elapsed)
+        return plan
 
 
 class ThrottledReporter:

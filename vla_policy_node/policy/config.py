@@ -86,6 +86,9 @@ class PolicyConfig:
     layer_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     dtype: str = 'float32'
+    # Trained real-time chunking: the checkpoint learned to continue a clean prefix of up to this many
+    # actions (lerobot PI05Config.rtc_training_max_delay); 0: only guided RTC.
+    rtc_training_max_delay: int = 0
 
     def __post_init__(self) -> None:
         if self.policy_type not in POLICY_TYPES:
@@ -106,6 +109,8 @@ class PolicyConfig:
             raise ConfigError('state_dim/action_dim exceed max_state_dim/max_action_dim')
         if self.n_action_steps > self.chunk_size:
             raise ConfigError('n_action_steps must not exceed chunk_size')
+        if not 0 <= self.rtc_training_max_delay < self.chunk_size:
+            raise ConfigError(f'rtc_training_max_delay must be in [0, chunk_size), got {self.rtc_training_max_delay}')
 
     # ---- derived sizes -------------------------------------------------
     @property
@@ -142,7 +147,7 @@ class PolicyConfig:
         }
         input_features[STATE_FEATURE] = {'type': 'STATE', 'shape': [self.state_dim]}
         lm_variant, ex_variant = variant_names or ('custom', 'custom')
-        return {
+        document: Dict[str, Any] = {
             'type': self.policy_type,
             'paligemma_variant': lm_variant,
             'action_expert_variant': ex_variant,
@@ -167,6 +172,9 @@ class PolicyConfig:
                 'vocab_size': self.vocab_size,
             },
         }
+        if self.policy_type == 'pi05' or self.rtc_training_max_delay:
+            document['rtc_training_max_delay'] = self.rtc_training_max_delay   # a PI05Config field only
+        return document
 
     @classmethod
     def from_lerobot_dict(cls, raw: Mapping[str, Any]) -> 'PolicyConfig':
@@ -212,6 +220,7 @@ class PolicyConfig:
                 normalization_mapping=dict(raw.get('normalization_mapping')
                                            or policy_defaults['normalization_mapping']),
                 dtype=str(raw.get('dtype', 'float32')),
+                rtc_training_max_delay=int(raw.get('rtc_training_max_delay', 0)),
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ConfigError(f'config.json is malformed: {exc!r}') from exc

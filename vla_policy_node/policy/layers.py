@@ -35,8 +35,9 @@ class RMSNorm(nn.Module):
 class AdaptiveRMSNorm(nn.Module):
     """pi0.5 expert norm: RMSNorm whose scale and shift come from the time condition.
 
-    One dense layer maps the condition [B, W_cond] to (scale, shift, gate), each [B, W].
-    Returns the modulated activations and the gate for the residual that follows.
+    One dense layer maps the condition [B, W_cond] (or per token [B, S, W_cond]) to
+    (scale, shift, gate), each [B, 1 or S, W]. Returns the modulated activations
+    and the gate for the residual that follows.
     """
 
     def __init__(self, dim: int, cond_dim: int, eps: float) -> None:
@@ -47,8 +48,10 @@ class AdaptiveRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         xf = x.float()
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        modulation = self.dense(cond.to(self.dense.weight.dtype)).float()  # [B, 3W]
-        scale, shift, gate = modulation[:, None, :].chunk(3, dim=-1)        # each [B, 1, W]
+        modulation = self.dense(cond.to(self.dense.weight.dtype)).float()  # [B, 3W] or [B, S, 3W]
+        if modulation.dim() == 2:
+            modulation = modulation[:, None, :]
+        scale, shift, gate = modulation.chunk(3, dim=-1)                     # each [B, 1 or S, W]
         out = normed * (1.0 + scale) + shift
         return out.type_as(x), gate.type_as(x)
 

@@ -25,6 +25,7 @@ from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
 from .layers import additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
+from .rtc import RTCSettings, prepare_guide, step_times
 from .siglip import SiglipVisionTower
 
 # Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
@@ -158,11 +159,11 @@ class PiZeroModel(nn.Module):
 
     # ---- suffix --------------------------------------------------------------------
     def time_embeddings(self, num_steps: int) -> torch.Tensor:
-        """Sinusoidal embeddings of t_k = 1 + k*dt for k < num_steps -> [num_steps, W] fp32, cached per device."""
+        """Sinusoidal embeddings of t_k = 1 + k*dt for k < num_steps, then of t = 0 (a clean, trained-RTC
+        prefix token) -> [num_steps + 1, W] fp32, cached per device."""
         key = (num_steps, str(self.device))
         if key not in self._time_embeddings:
-            dt = -1.0 / num_steps
-            t = torch.tensor([1.0 + k * dt for k in range(num_steps)], dtype=torch.float32)
+            t = torch.tensor(step_times(num_steps) + [0.0], dtype=torch.float32)
             emb = sincos_time_embedding(t, self.config.expert.width, self.config.min_period, self.config.max_period)
             self._time_embeddings[key] = emb.to(torch.float32).to(self.device)
         return self._time_embeddings[key]
@@ -190,25 +191,40 @@ class PiZeroModel(nn.Module):
         groups = cfg.expert.num_heads // cfg.expert.num_kv_heads
         return cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups)
 
-    def _embed_suffix(self, x_t: torch.Tensor, time_emb: torch.Tensor,
-                      state_token: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """x_t [B, H, A]; time_emb [W] -> suffix tokens [B, S, W] and the adaptive-norm condition [B, W] or None."""
+    def _embed_suffix(self, x_t: torch.Tensor, time_emb: torch.Tensor, state_token: Optional[torch.Tensor],
+                      clean: Optional[torch.Tensor] = None,
+                      clean_emb: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x_t [B, H, A]; time_emb [W] -> suffix tokens [B, S, W] and the adaptive-norm condition or None.
+
+        clean [B, H] bool marks action tokens that see time 0 instead (trained RTC), with clean_emb [W]
+        their embedding: the time condition is then per token (pi0: fused into each action token;
+        pi0.5: the condition becomes [B, H, W]); otherwise it is shared ([B, W] for pi0.5).
+        """
         batch, horizon, _ = x_t.shape
         action_tokens = self.action_in_proj(x_t)                                        # [B, H, W]
-        time_emb = time_emb[None].expand(batch, -1)                                     # [B, W]
+        time_emb = time_emb[None, None].expand(batch, horizon, -1)                      # [B, H, W]
+        if clean is not None:
+            time_emb = torch.where(clean[..., None], clean_emb[None, None], time_emb)
         if self.config.policy_type == 'pi0':
-            fused = torch.cat([action_tokens, time_emb[:, None].expand(-1, horizon, -1)], dim=-1)
+            fused = torch.cat([action_tokens, time_emb], dim=-1)                        # [B, H, 2W]
             action_tokens = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(fused)))
             return torch.cat([state_token, action_tokens], dim=1).to(self.compute_dtype), None
-        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))
+        if clean is None:
+            time_emb = time_emb[:, 0]                                                   # shared: [B, W]
+        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))           # [B, W] or [B, H, W]
         return action_tokens.to(self.compute_dtype), cond
 
     @torch.no_grad()
     def denoise(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
-                num_steps: Optional[int] = None) -> torch.Tensor:
+                num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                rtc: Optional[RTCSettings] = None) -> torch.Tensor:
         """Flow-matching Euler integration against a read-only prefix.
 
         state [B, max_state_dim] (normalised; pi0 only, ignored by pi0.5); noise [B, H, max_action_dim].
+        With ``rtc`` and a previous chunk's unexecuted actions (normalised, [T, A'] or [B, T, A']), the
+        chunk continues them (policy/rtc.py: guided or trained mode, d = inference_delay, E =
+        execution_horizon); without, the loop is exactly the plain one.
         Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
         """
         cfg = self.config
@@ -229,22 +245,35 @@ class PiZeroModel(nn.Module):
             if state is None:
                 raise ValueError('pi0 needs the normalised state')
             state_token = self.state_proj(state.float())[:, None]                       # [B, 1, W]
-        time_embs = self.time_embeddings(num_steps)
+        time_embs = self.time_embeddings(num_steps)                                     # [N + 1, W]
+        guide = prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
+                              cfg.rtc_training_max_delay)
+        clean = guide.clamp[..., 0] if guide is not None and guide.clamp is not None else None   # [B, H]
         dt = -1.0 / num_steps
         x_t = noise.float()
         for step in range(num_steps):
-            suffix, cond = self._embed_suffix(x_t, time_embs[step], state_token)
+            if guide is not None:
+                x_t = guide.clamp_prefix(x_t)
+            suffix, cond = self._embed_suffix(x_t, time_embs[step], state_token, clean, time_embs[-1])
             hidden = self._expert.suffix_forward(suffix, workspace, prefix_len, cos, sin, mask, cond)
             velocity = self.action_out_proj(hidden[:, -cfg.chunk_size:].float())         # [B, H, A]
+            if guide is not None:
+                velocity = guide.guide(step, x_t, velocity)
             x_t = x_t + dt * velocity
+            if guide is not None:
+                x_t = guide.clamp_prefix(x_t)
         return x_t
 
     def sample_actions(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
                        token_masks: torch.Tensor, state: Optional[torch.Tensor], noise: Optional[torch.Tensor] = None,
-                       num_steps: Optional[int] = None) -> torch.Tensor:
-        """Reference-shaped call: prefix then denoise. Returns normalised actions [B, H, max_action_dim]."""
+                       num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                       inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                       rtc: Optional[RTCSettings] = None) -> torch.Tensor:
+        """Reference-shaped call: prefix then denoise (same RTC keywords). Returns normalised actions
+        [B, H, max_action_dim]."""
         context = self.fill_prefix(images, image_masks, tokens, token_masks)
         if noise is None:
             noise = torch.randn(images.shape[0], self.config.chunk_size, self.config.max_action_dim,
                                 device=self.device)
-        return self.denoise(context, state, noise, num_steps)
+        return self.denoise(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                            inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)

@@ -51,7 +51,7 @@ def _recorded_positions(msg: Any, names: Sequence[str], topic: str) -> np.ndarra
 class OfflineReplay:
     """Walks a bag in time order and runs the node's ticks on bag time."""
 
-    def __init__(self, configured: Configured, values: Mapping[str, Any]) -> None:
+    def __init__(self, configured: Configured, values: Mapping[str, Any], latency_ms: float = 0.0) -> None:
         self.runtime = configured.runtime
         self.layout = configured.layout
         self.settings = configured.settings
@@ -60,25 +60,32 @@ class OfflineReplay:
         self.period_ns = int(round(NS_PER_SEC / float(self.values['control_rate_hz'])))
         self.buffer = InputBuffer()
         self.engine = TickEngine(self.runtime)
+        # Simulated time from an observation to the publication of its chunk, so a bag gives the same
+        # trajectories every run (the measured compute time is recorded beside it, not used).
+        self.latency_ns = int(round(latency_ms * 1e6))
 
     def required_topics(self) -> Dict[str, Optional[str]]:
         """Cameras and joint states must be in the bag; the instruction may come from the parameter."""
         return {entry.topic: entry.msg_type for entry in self.layout.cameras + (self.layout.joint_states,)}
 
     def _tick(self, time_ns: int, writer: BagWriter, topic: str) -> TickRecord:
-        outcome: TickOutcome = self.engine.run(self.buffer, self.settings, time_ns)
+        # The replay ticks on the timer grid: a slow simulated tick does not delay the next one.
+        outcome: TickOutcome = self.engine.run(self.buffer, self.settings, time_ns,
+                                               clock=lambda: time_ns + self.latency_ns)
         record = TickRecord(time_ns=time_ns)
         if outcome.skip is not None:
             record.skipped = outcome.skip.reason.value
             return record
         record.cache_hit = outcome.chunk.cache_hit
         record.timings_ms = dict(outcome.chunk.timings_ms)
+        record.continued = outcome.chunk.continued
+        record.handover = outcome.handover
         plan = outcome.plan
-        record.plan_start_ns = plan.stamp_ns or time_ns
+        record.plan_start_ns = plan.stamp_ns or outcome.publish_ns
         record.plan_times_sec = plan.times_sec
         record.plan_positions = plan.positions
         if not self.values['dry_run']:
-            writer.write(topic, time_ns, joint_trajectory(plan))
+            writer.write(topic, outcome.publish_ns, joint_trajectory(plan))
             self.engine.stats.record_published()
         return record
 
@@ -122,7 +129,7 @@ class OfflineReplay:
                               command_times_ns=np.asarray(command_t, dtype=np.int64),
                               command_positions=np.asarray(command_p).reshape(-1, len(names)), summary={})
         result.summary = write_report(result, self.engine.stats, self.runtime, bag=bag, values=self.values,
-                                      command_topic=command_topic)
+                                      command_topic=command_topic, latency_ms=self.latency_ns / 1e6)
         return result
 
 
@@ -135,7 +142,8 @@ def _progress(messages, enabled: bool, bag: Path):
 
 def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional[str] = None,
            seed: Optional[int] = None, command_topic: Optional[str] = DEFAULT_COMMAND_TOPIC,
-           progress: bool = False, overrides: Optional[Mapping[str, Any]] = None) -> ReplayResult:
+           progress: bool = False, overrides: Optional[Mapping[str, Any]] = None,
+           latency_ms: float = 0.0) -> ReplayResult:
     """Library entry point (the CLI and tests call this)."""
     if not (Path(bag) / 'metadata.yaml').exists():
         raise BagError(f'no rosbag2 bag at {bag} (expected a folder with metadata.yaml)')
@@ -149,10 +157,13 @@ def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional
     validate(values)  # before the seed default below, so a bad seed is named as given
     if values['seed'] < 0:
         values['seed'] = 0  # a replay is deterministic by default
+    if not (latency_ms >= 0 and np.isfinite(latency_ms)):
+        raise ReplayError(f'--latency-ms must be a finite number >= 0, got {latency_ms}')
     topics = bag_topics(bag)
     configured = configure(values)  # the node's configure path: same checks, same order, same warm-up
     command = command_topic if command_topic and command_topic in topics else None
-    return OfflineReplay(configured, values).run(Path(bag), Path(output), command_topic=command, progress=progress)
+    return OfflineReplay(configured, values, latency_ms).run(Path(bag), Path(output), command_topic=command,
+                                                             progress=progress)
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -164,6 +175,9 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument('--seed', type=int, help='noise seed (default: params seed, else 0)')
     parser.add_argument('--command-topic', default=DEFAULT_COMMAND_TOPIC,
                         help='recorded command topic (sensor_msgs/JointState) to compare against, if in the bag')
+    parser.add_argument('--latency-ms', type=float, default=0.0,
+                        help='simulated time from an observation to the publication of its chunk (deterministic; '
+                             'default 0): actions that fall due meanwhile are dropped and drive the RTC delay')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar')
     return parser.parse_args(argv)
 
@@ -172,7 +186,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     try:
         result = replay(args.bag, args.params, args.output, checkpoint=args.checkpoint, seed=args.seed,
-                        command_topic=args.command_topic, progress=not args.no_progress)
+                        command_topic=args.command_topic, progress=not args.no_progress,
+                        latency_ms=args.latency_ms)
     except (BagError, ReplayError, ParameterError, CheckpointError, ConfigError, TokenizerError) as exc:
         print(f'vla_policy_replay: error: {exc}', file=sys.stderr)
         return 2

@@ -8,8 +8,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..handover import HandoverMetrics
 from ..runtime import PolicyRuntime
-from ..tick import TickStats
+from ..tick import HANDOVER_FIGURES, TickStats
 
 NS_PER_SEC = 1_000_000_000
 
@@ -25,6 +26,8 @@ class TickRecord:
     plan_start_ns: int = 0
     plan_times_sec: Optional[np.ndarray] = None
     plan_positions: Optional[np.ndarray] = None
+    continued: bool = False                      # steered by the previous chunk (rtc)
+    handover: Optional[HandoverMetrics] = None   # this trajectory taking over from the previous one
 
 
 @dataclass
@@ -68,8 +71,21 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
             for j, name in enumerate(result.joint_names)}
 
 
+def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
+    """Hand-over jump and overlap disagreement over the whole run (joint units): p50, p95, max."""
+    taken = [r.handover for r in records if r.handover is not None]
+    summary: Dict[str, Any] = {'count': len(taken)}
+    for figure in HANDOVER_FIGURES:
+        values = np.array([getattr(h, figure) for h in taken], dtype=np.float64)
+        values = values[np.isfinite(values)]
+        if values.size:
+            summary[figure] = {'p50': float(np.percentile(values, 50)), 'p95': float(np.percentile(values, 95)),
+                               'max': float(values.max())}
+    return summary
+
+
 def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
-              values: Mapping[str, Any], command_topic: Optional[str]) -> Dict[str, Any]:
+              values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0) -> Dict[str, Any]:
     cache = runtime.cache.stats()
     skipped = dict(sorted(stats.skipped.items()))
     return {
@@ -92,6 +108,10 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
                   'entries': cache.entries, 'bytes': cache.bytes, 'evictions': cache.evictions,
                   'rejected_oversize': cache.rejected_oversize},
         'latency_ms': stats.latency_summary(),
+        'simulated_latency_ms': latency_ms,
+        'chunking': values['chunking'],
+        'chunks_continued': sum(1 for r in result.records if r.continued),
+        'handover': handover_summary(result.records),
         'command_topic': command_topic,
         'command_error': command_error(result),
     }
@@ -154,10 +174,42 @@ def _start_ns(result: ReplayResult) -> int:
     return int(min(candidates)) if candidates else 0
 
 
+def plot_handovers(result: ReplayResult, path: Path) -> None:
+    """Consecutive published trajectories overlaid (alternating colours, take-over points marked) per joint,
+    and the jump of every hand-over over time."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    joints = len(result.joint_names)
+    start = _start_ns(result)
+    published = [r for r in result.records if r.plan_positions is not None]
+    fig, axes = plt.subplots(joints + 1, 1, figsize=(10, 1.8 * (joints + 1) + 1), sharex=True, squeeze=False)
+    for j, (axis, name) in enumerate(zip(axes[:joints, 0], result.joint_names)):
+        for k, record in enumerate(published):
+            due = (record.plan_start_ns - start) / NS_PER_SEC + record.plan_times_sec
+            colour = 'tab:blue' if k % 2 == 0 else 'tab:orange'
+            axis.plot(due, record.plan_positions[:, j], color=colour, alpha=0.7, linewidth=0.9)
+            if record.handover is not None:
+                axis.plot(due[:1], record.plan_positions[:1, j], 'o', color='black', markersize=2.5)
+        axis.set_ylabel(f'{name}\n[rad]')
+    handovers = [r for r in published if r.handover is not None]
+    jump_axis = axes[joints, 0]
+    jump_axis.plot([(r.plan_start_ns - start) / NS_PER_SEC + r.plan_times_sec[0] for r in handovers],
+                   [r.handover.jump_max for r in handovers], 'o-', color='tab:red', markersize=3)
+    jump_axis.set_ylabel('jump\n(max joint)')
+    jump_axis.set_xlabel('bag time [s]')
+    fig.suptitle('consecutive trajectories at hand-over (dots: where each new one takes over)')
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def write_report(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
-                 values: Mapping[str, Any], command_topic: Optional[str]) -> Dict[str, Any]:
-    summary = summarize(result, stats, runtime, bag, values, command_topic)
+                 values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0) -> Dict[str, Any]:
+    summary = summarize(result, stats, runtime, bag, values, command_topic, latency_ms)
     (result.output / 'summary.json').write_text(json.dumps(summary, indent=2) + '\n')
     plot_chunks(result, result.output / 'chunks.png')
     plot_latency(result, result.output / 'latency.png')
+    plot_handovers(result, result.output / 'handover.png')
     return summary

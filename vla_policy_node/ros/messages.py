@@ -58,7 +58,7 @@ def trajectory_msg(plan: TrajectoryPlan, frame_id: str = '') -> JointTrajectory:
 
 
 def _values(pairs: Iterable[Tuple[str, object]]) -> list:
-    return [KeyValue(key=key, value=(f'{value:.3f}' if isinstance(value, float) else str(value)))
+    return [KeyValue(key=key, value=(f'{value:.6g}' if isinstance(value, float) else str(value)))
             for key, value in pairs]
 
 
@@ -107,6 +107,9 @@ def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
         pairs.append(('last_skip', f'[{stats.last_skip.reason}] {stats.last_skip}'))
     for stage, summary in stats.latency.items():
         pairs += [(f'latency_{stage}_p50_ms', summary['p50']), (f'latency_{stage}_p95_ms', summary['p95'])]
+    pairs += [('chunks_continued', stats.continued), ('inference_delay_actions', stats.delay)]
+    for figure, summary in stats.handover.items():
+        pairs += [(f'handover_{figure}_p50', summary['p50']), (f'handover_{figure}_p95', summary['p95'])]
     cache = report.cache
     if cache is not None:
         pairs += [('cache_hits', cache.hits), ('cache_misses', cache.misses), ('cache_hit_rate', cache.hit_rate),

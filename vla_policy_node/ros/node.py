@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.clock import Clock, ClockType
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from trajectory_msgs.msg import JointTrajectory
@@ -24,6 +25,7 @@ from .parameters import NodeParameters
 from .tick_worker import TickWorker
 
 TRAJECTORY_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+STEADY = ClockType.STEADY_TIME
 
 
 class VlaPolicyNode(LifecycleNode):
@@ -42,8 +44,10 @@ class VlaPolicyNode(LifecycleNode):
         self._configure_error = ''
         self._skips_at_last_diagnostics = 0
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+        # On the steady clock: under use_sim_time, ROS time stands still until /clock (and after a bag ends),
+        # which is exactly when an operator needs to read why nothing happens.
         self._diagnostics_timer = self.create_timer(self.params.value('diagnostics_period_sec'),
-                                                    self._publish_diagnostics)
+                                                    self._publish_diagnostics, clock=Clock(clock_type=STEADY))
 
     @property
     def runtime(self) -> Optional[PolicyRuntime]:
@@ -86,6 +90,7 @@ class VlaPolicyNode(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Start the tick thread and the control timer; SUCCESS leaves the node publishing trajectories."""
         rate = float(self.params.value('control_rate_hz'))
+        self._engine.reset()                      # nothing of an earlier activation is executing now
         self._worker = TickWorker(self._on_tick, self._on_tick_error)
         self._timer = self.create_timer(1.0 / rate, self._on_timer)
         self.get_logger().info(f'active: {rate:g} Hz on {self.params.value("trajectory_topic")}'
@@ -157,7 +162,7 @@ class VlaPolicyNode(LifecycleNode):
         if engine is None or configured is None:
             return
         values = self.params.values()
-        outcome = engine.run(self.buffer, tick_settings(values, configured.layout), self._now_ns())
+        outcome = engine.run(self.buffer, tick_settings(values, configured.layout), self._now_ns(), clock=self._now_ns)
         if outcome.skip is not None:
             if self._reporter.should_report(f'{outcome.skip.reason}:{outcome.skip.topic}'):
                 self.get_logger().warning(f'tick skipped {outcome.skip.describe()}')
