@@ -1,4 +1,5 @@
 """In-process tests of VlaPolicyNode (no subprocess): parameters, params files, validation."""
+import json
 import subprocess
 import sys
 import threading
@@ -185,3 +186,37 @@ def test_params_module_prints_a_table_row_per_parameter(tmp_path):
         assert cells[0] == f'`{spec.name}`'
         assert cells[1] == spec.type_name
         assert cells[3] == ('restart' if SPECS[spec.name].read_only else 'yes')
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('policy_type, field, value', [
+    ('pi05', 'use_visual_memory', True),
+    ('pi0', 'n_obs_steps', 2),
+    ('pi0', 'some_future_lerobot_field', 1),
+])
+def test_checkpoint_with_an_unimplemented_field_refuses_configure(make_node, ctx, tmp_path, policy_type, field,
+                                                                  value):
+    folder = write_tiny_default(tmp_path / 'ckpt', policy_type)
+    raw = json.loads((folder / 'config.json').read_text())
+    raw[field] = value
+    (folder / 'config.json').write_text(json.dumps(raw))
+    node = make_node({'checkpoint_path': str(folder), 'joint_names': list(JOINTS), 'instruction': 'go',
+                      'diagnostics_period_sec': 0.1, 'warmup': False})
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert node.runtime is None
+    status = wait_diagnostics(ctx, node, lambda s: s.level == DiagnosticStatus.ERROR)
+    assert status is not None, 'no ERROR diagnostics'
+    assert status.message.startswith('unconfigured') and field in status.message, status.message
+
+
+@pytest.mark.timeout(60)
+def test_the_padded_pi05_prompt_option_reaches_the_runtime_and_is_refused_for_pi0(make_node, tmp_path, checkpoint):
+    pi05 = write_tiny_default(tmp_path / 'pi05', 'pi05')
+    node = make_node({'checkpoint_path': str(pi05), 'joint_names': list(JOINTS), 'warmup': False,
+                      'pi05_padded_state_prompt': True})
+    assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    assert node.runtime.pi05_padded_state_prompt
+    node = make_node({'checkpoint_path': str(checkpoint), 'joint_names': list(JOINTS), 'warmup': False,
+                      'pi05_padded_state_prompt': True})
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert 'pi05_padded_state_prompt' in node._configure_error

@@ -131,10 +131,19 @@ def test_state_bins_edges():
     assert bins.dtype == np.int64
 
 
-def test_state_padding_to_max_state_dim():
-    prompt = format_pi05_prompt('go', np.array([1.0, -1.0]), pad_state_to=4)
-    assert 'State: 255 0 128 128;' in prompt
-    assert 'State: 255 0;' in format_pi05_prompt('go', np.array([1.0, -1.0]))
+def test_a_short_state_is_binned_at_its_own_dimension_by_default():
+    # floor((x + 1) * 128), clamped to [-1, 255]: -1 -> 0, -0.5 -> 64, 0 -> 128, 0.25 -> 160, 0.999 -> 255,
+    # 1.2 -> 255, -1.3 -> -1, 0.7 -> 217.
+    state = np.array([-1.0, -0.5, 0.0, 0.25, 0.999, 1.2, -1.3, 0.7], dtype=np.float32)
+    assert format_pi05_prompt('go', state) == 'Task: go, State: 0 64 128 160 255 255 -1 217;\nAction: '
+
+
+def test_the_legacy_prompt_pads_the_state_with_zeros_that_bin_to_128():
+    state = np.array([-1.0, -0.5, 0.0, 0.25, 0.999, 1.2, -1.3, 0.7], dtype=np.float32)
+    legacy = format_pi05_prompt('go', state, pad_state_to=32)
+    assert legacy == 'Task: go, State: 0 64 128 160 255 255 -1 217' + ' 128' * 24 + ';\nAction: '
+    # Padding only grows the vector.
+    assert format_pi05_prompt('go', np.array([1.0, -1.0]), pad_state_to=1) == 'Task: go, State: 255 0;\nAction: '
 
 
 def test_pi05_ids_are_bos_plus_prompt(tok):

@@ -20,6 +20,7 @@ import yaml
 
 from .handover import CHUNKING_MODES, DELAY_MODES
 from .observation import MAX_INSTRUCTION_CHARS
+from .policy.relative_actions import relative_action_mask
 from .policy.rtc import RTC_MODES, SCHEDULES
 from .trajectory import STAMP_MODES
 
@@ -83,6 +84,11 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec('cpu_threads', 0, 'int',
               'torch CPU threads; 0: torch default. 1-2 on a CPU-only machine shared with other processes.',
               read_only=True, min_value=0, max_value=256),
+    ParamSpec('pi05_padded_state_prompt', False, 'bool',
+              'pi0.5 only: bin the state zero-padded to max_state_dim (32) into the prompt, as lerobot did from '
+              '2025-10-02 (#1910) to 2026-03-05 (#2964). Set it only for checkpoints fine-tuned with lerobot '
+              'releases between those dates; false: the unpadded state of current lerobot and openpi.',
+              read_only=True),
     ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one.',
               read_only=True),
     ParamSpec('autostart', True, 'bool',
@@ -271,7 +277,22 @@ def problems(values: Mapping[str, Any], config: Any = None) -> List[str]:
         problem = value_problem(spec, values.get(spec.name)) or _relation_problem(spec, values, config)
         if problem:
             found.append(problem)
-    return found
+    relative = _relative_action_problem(values, config) if not found else None
+    return found + ([relative] if relative else [])
+
+
+def _relative_action_problem(values: Mapping[str, Any], config: Any) -> Optional[str]:
+    """A relative-action checkpoint adds state[i] to action[i]: where it does, both lists must name one joint."""
+    if config is None or not getattr(config, 'use_relative_actions', False):
+        return None
+    joints, state = effective(values, 'joint_names'), effective(values, 'state_joint_names')
+    mask = relative_action_mask(config.action_dim, config.relative_exclude_joints, config.action_feature_names)
+    differ = [i for i, relative in enumerate(mask) if relative and joints[i] != state[i]]
+    if differ:
+        return (f'state_joint_names must match joint_names at {differ}: the checkpoint predicts those actions '
+                'relative to the state of the same joint (use_relative_actions), so the offset would be added to '
+                f'another joint\'s position ({[state[i] for i in differ]} vs {[joints[i] for i in differ]})')
+    return None
 
 
 def validate(values: Mapping[str, Any], config: Any = None) -> None:

@@ -6,6 +6,7 @@ benchmarks and tests.
     validate -> tokenize -> key (raw bytes) -> cache hit?  --yes--> denoise
                                                    | no
                           decode + resize + scale -> fill_prefix -> cache.put -> denoise
+    denoise -> unnormalise -> (relative-action checkpoints) + raw state of the same observation
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from .policy.normalize import FeatureNormalizer
 from .policy.pi0 import PiZeroModel
 from .policy.rtc import RTCSettings
 from .policy.preprocess import empty_camera_image, image_to_unit_tensor, resize_with_pad, to_model_range
+from .policy.relative_actions import relative_action_mask, to_absolute_actions
 from .policy.tokenizer import PromptTokenizer, TokenizerError
 
 LOG = logging.getLogger(__name__)
@@ -55,6 +57,17 @@ class ActionChunk:
     @property
     def total_ms(self) -> float:
         return sum(self.timings_ms.get(stage, 0.0) for stage in STAGES)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated observation: camera slots, state (raw and normalised, both [state_dim]) and prompt tokens."""
+
+    slots: List[Tuple[str, CameraInput]]
+    raw_state: np.ndarray
+    normalized_state: np.ndarray
+    tokens: np.ndarray
+    token_mask: np.ndarray
 
 
 def resolve_device(device: str) -> torch.device:
@@ -112,9 +125,21 @@ class PolicyRuntime:
     def __init__(self, model: PiZeroModel, tokenizer: PromptTokenizer, state_normalizer: FeatureNormalizer,
                  action_normalizer: FeatureNormalizer, model_revision: str, *,
                  cache_max_bytes: int = DEFAULT_CACHE_BYTES, cache_max_entries: int = DEFAULT_CACHE_ENTRIES,
-                 cache_enabled: bool = True, num_steps: Optional[int] = None) -> None:
+                 cache_enabled: bool = True, num_steps: Optional[int] = None,
+                 pi05_padded_state_prompt: bool = False) -> None:
+        """``pi05_padded_state_prompt``: bin the state zero-padded to max_state_dim into the pi0.5 prompt, as
+        lerobot did from 2025-10-02 (#1910) to 2026-03-05 (#2964); only for checkpoints fine-tuned with those
+        releases. The default is the unpadded state of current lerobot and openpi (policy/tokenizer.py)."""
         self.model = model
         self.config: PolicyConfig = model.config
+        if pi05_padded_state_prompt and self.config.policy_type != 'pi05':
+            raise ValueError(f'pi05_padded_state_prompt is set, but the checkpoint is {self.config.policy_type}: '
+                             'it only changes the pi0.5 prompt')
+        self.pi05_padded_state_prompt = bool(pi05_padded_state_prompt)
+        # None: absolute actions. Else [action_dim] bool: the dims that get the raw state added back.
+        self.relative_mask = (relative_action_mask(self.config.action_dim, self.config.relative_exclude_joints,
+                                                   self.config.action_feature_names)
+                              if self.config.use_relative_actions else None)
         self.device = model.device
         self.dtype = model.compute_dtype
         self.tokenizer = tokenizer
@@ -179,8 +204,8 @@ class PolicyRuntime:
             raise ObservationError('images', 'no camera image at all; at least one is needed', SkipReason.BAD_IMAGE)
         return present + absent
 
-    def _normalized_state(self, state: np.ndarray) -> np.ndarray:
-        """Unnormalised [state_dim] -> normalised, zero-padded [max_state_dim] fp32."""
+    def _checked_state(self, state: np.ndarray) -> np.ndarray:
+        """The raw state as float64 [state_dim], or ObservationError."""
         cfg = self.config
         state = np.asarray(state, dtype=np.float64)
         if state.shape != (cfg.state_dim,):
@@ -189,9 +214,7 @@ class PolicyRuntime:
         if not np.all(np.isfinite(state)):
             bad = [int(i) for i in np.flatnonzero(~np.isfinite(state))]
             raise ObservationError('state', f'non-finite value(s) at index {bad}', SkipReason.JOINT_STATE_NONFINITE)
-        padded = np.zeros(cfg.max_state_dim, dtype=np.float32)
-        padded[:cfg.state_dim] = self.state_normalizer.normalize(state)
-        return padded
+        return state
 
     @staticmethod
     def _instruction(instruction: Optional[str], max_length: int) -> str:
@@ -206,7 +229,9 @@ class PolicyRuntime:
         cfg = self.config
         if cfg.policy_type == 'pi0':
             return self.tokenizer.encode_pi0(instruction, cfg.tokenizer_max_length)
-        return self.tokenizer.encode_pi05(instruction, normalized_state, cfg.tokenizer_max_length)
+        pad_to = cfg.max_state_dim if self.pi05_padded_state_prompt else None
+        return self.tokenizer.encode_pi05(instruction, normalized_state, cfg.tokenizer_max_length,
+                                          pad_state_to=pad_to)
 
     def _noise(self, noise: Optional[np.ndarray], seed: Optional[int]) -> torch.Tensor:
         shape = (1, self.config.chunk_size, self.config.max_action_dim)
@@ -220,18 +245,19 @@ class PolicyRuntime:
         return torch.randn(shape, generator=generator).to(self.device)
 
     # ---- inference -------------------------------------------------------------------------
-    def _prepare(self, observation: Observation, max_instruction_length: int = MAX_INSTRUCTION_CHARS
-                 ) -> Tuple[List[Tuple[str, CameraInput]], np.ndarray, np.ndarray, np.ndarray]:
-        """Validate and tokenise: camera slots, normalised state, tokens, token mask."""
+    def _prepare(self, observation: Observation, max_instruction_length: int = MAX_INSTRUCTION_CHARS) -> _Prepared:
+        """Validate, normalise the state and tokenise."""
         slots = self._camera_slots(observation.images)
-        state = self._normalized_state(observation.state)
-        tokens, token_mask = self._tokens(self._instruction(observation.instruction, max_instruction_length), state)
-        return slots, state, tokens, token_mask
+        raw_state = self._checked_state(observation.state)
+        normalized = self.state_normalizer.normalize(raw_state)
+        tokens, token_mask = self._tokens(self._instruction(observation.instruction, max_instruction_length),
+                                          normalized)
+        return _Prepared(slots, raw_state, normalized, tokens, token_mask)
 
     def prefix_key(self, observation: Observation) -> str:
         """The cache key this observation would use (validates it like ``infer``)."""
-        slots, _, tokens, token_mask = self._prepare(observation)
-        return self._keys.key(slots, tokens, token_mask)
+        prepared = self._prepare(observation)
+        return self._keys.key(prepared.slots, prepared.tokens, prepared.token_mask)
 
     def _leftover(self, prev_chunk_left_over: Optional[np.ndarray], prev_actions: Optional[np.ndarray]
                   ) -> Optional[torch.Tensor]:
@@ -301,7 +327,8 @@ class PolicyRuntime:
         cfg = self.config
         timer = _StageTimer(self.device)
         timer.start('hash')
-        slots, state, tokens, token_mask = self._prepare(observation, max_instruction_length)
+        prepared = self._prepare(observation, max_instruction_length)
+        slots, tokens, token_mask = prepared.slots, prepared.tokens, prepared.token_mask
         steps = int(num_steps or self.num_steps)
         if steps < 1:
             raise ObservationError('num_steps', f'must be >= 1, got {steps}')
@@ -324,15 +351,35 @@ class PolicyRuntime:
             if use_cache:
                 self._store(key, context)
         timer.start('denoise')
+        state = np.zeros(cfg.max_state_dim, dtype=np.float32)                        # pi0's state token input
+        state[:cfg.state_dim] = prepared.normalized_state
         state_t = torch.from_numpy(state)[None].to(self.device)
         normalized = self.model.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
                                         **continuation)                                 # [1, H, max_action_dim]
         actions = normalized[0, :, :cfg.action_dim].float().cpu().numpy()
         timer.stop()
-        return ActionChunk(actions=self.action_normalizer.unnormalize(actions), cache_hit=hit,
+        return ActionChunk(actions=self._postprocess(actions, prepared.raw_state), cache_hit=hit,
                            timings_ms=dict(timer.ms), key=key, num_steps=steps,
                            camera_slots=tuple(name for name, _ in slots), normalized=actions,
                            continued=rtc is not None and leftover is not None and len(leftover) > 0)
+
+    def _postprocess(self, normalized_actions: np.ndarray, raw_state: np.ndarray) -> np.ndarray:
+        """lerobot's post-processor: unnormalise, then (relative-action checkpoints) add the raw state back.
+
+        The state added back is the raw state of the observation this chunk was predicted from. lerobot adds
+        the state of its latest pre-processor call, which its synchronous loop re-runs every tick, so queued
+        actions there drift with the robot (its sync rollout refuses relative actions for that reason, and
+        RTC post-processes each chunk right after prediction, anchored like here). Each chunk the node
+        publishes is a plan from one observation, so it is anchored to that observation's joint state.
+
+        The prefix cache is unaffected: pi0 keeps the state out of the prefix (it is a suffix token), pi0.5
+        puts the normalised absolute state in the prompt whether or not actions are relative, and the
+        add-back only touches the action output, after the model.
+        """
+        actions = self.action_normalizer.unnormalize(normalized_actions)
+        if self.relative_mask is None:
+            return actions
+        return to_absolute_actions(actions, raw_state, self.relative_mask)
 
     def _preprocess(self, slots: Sequence[Tuple[str, CameraInput]]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decode, resize-with-pad and scale every slot -> images [1, N, 3, H, W], masks [1, N]."""

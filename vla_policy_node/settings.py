@@ -84,7 +84,8 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
     return PolicyRuntime.from_pretrained(path, device=values['device'], dtype=values['dtype'],
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
-                                         cache_max_entries=values['cache_max_entries'])
+                                         cache_max_entries=values['cache_max_entries'],
+                                         pi05_padded_state_prompt=values['pi05_padded_state_prompt'])
 
 
 def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] = None,

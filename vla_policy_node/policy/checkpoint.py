@@ -40,6 +40,10 @@ POSTPROCESSOR_FILE = 'policy_postprocessor.json'
 TOKENIZER_DIR = 'tokenizer'
 NORMALIZER_STEP = 'normalizer_processor'
 UNNORMALIZER_STEP = 'unnormalizer_processor'
+RELATIVE_STEP = 'relative_actions_processor'
+ABSOLUTE_STEP = 'absolute_actions_processor'
+# RelativeActionsProcessorStep's field defaults (lerobot 7427f318, processor/relative_action_processor.py).
+_RELATIVE_STEP_DEFAULTS = {'enabled': False, 'exclude_joints': [], 'action_names': None}
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
 
 _LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
@@ -155,14 +159,19 @@ def build_model(config: PolicyConfig, weights_path: Path, device: torch.device,
 
 # ---- normalisation statistics ------------------------------------------------------------
 
-def _processor_stats(folder: Path, json_name: str, step_name: str) -> Tuple[Dict[str, np.ndarray], Mapping]:
+def _processor_steps(folder: Path, json_name: str) -> List[Mapping]:
     path = folder / json_name
     try:
-        steps = json.loads(path.read_text()).get('steps', [])
+        return json.loads(path.read_text()).get('steps', [])
     except FileNotFoundError:
         raise CheckpointError(f'no {json_name} in {folder}: cannot read normalisation statistics') from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f'{path} is not valid JSON: {exc}') from exc
+
+
+def _processor_stats(folder: Path, json_name: str, step_name: str) -> Tuple[Dict[str, np.ndarray], Mapping]:
+    path = folder / json_name
+    steps = _processor_steps(folder, json_name)
     for index, step in enumerate(steps):
         if step.get('registry_name') != step_name:
             continue
@@ -193,6 +202,35 @@ def load_normalizers(folder: Path, config: PolicyConfig) -> Tuple[FeatureNormali
     return state, action
 
 
+def _relative_step_configs(config: PolicyConfig) -> Dict[str, Dict]:
+    """What lerobot's training saves for the relative/absolute steps of this config (processor_pi0/pi05.py)."""
+    names = None if config.action_feature_names is None else list(config.action_feature_names)
+    return {RELATIVE_STEP: {'enabled': config.use_relative_actions,
+                            'exclude_joints': list(config.relative_exclude_joints), 'action_names': names},
+            ABSOLUTE_STEP: {'enabled': config.use_relative_actions}}
+
+
+def check_relative_action_steps(folder: Path, config: PolicyConfig) -> None:
+    """Refuse a folder whose processor files and config.json disagree about relative actions.
+
+    lerobot's inference takes the relative/absolute steps from the processor files
+    (``policies/factory.py::make_pre_post_processors``), we take config.json; lerobot's training writes
+    both from the same values, so a disagreement is a damaged or hand-edited checkpoint.
+    """
+    for json_name, (step_name, wanted) in zip((PREPROCESSOR_FILE, POSTPROCESSOR_FILE),
+                                              _relative_step_configs(config).items()):
+        step = next((s for s in _processor_steps(folder, json_name) if s.get('registry_name') == step_name), None)
+        # A file without the step (lerobot before #2970) applies none; missing keys take the step's defaults.
+        saved = dict(_RELATIVE_STEP_DEFAULTS, **(step.get('config', {}) if step is not None else {}))
+        # The joint lists only matter when the step is on.
+        checked = wanted if config.use_relative_actions else {'enabled': wanted['enabled']}
+        for key, value in checked.items():
+            if saved[key] != value:
+                raise CheckpointError(f'{folder}: {json_name} {step_name} has {key} = {json.dumps(saved[key])} '
+                                      f'but config.json says {json.dumps(value)}; lerobot would follow '
+                                      f'{json_name}, so this checkpoint is ambiguous')
+
+
 # ---- whole folder --------------------------------------------------------------------------
 
 def find_tokenizer(folder: Path) -> Optional[Path]:
@@ -212,6 +250,7 @@ def load_checkpoint(folder: Path, device: torch.device, compute_dtype: torch.dty
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from exc
     state_norm, action_norm = load_normalizers(folder, config)
+    check_relative_action_steps(folder, config)
     weights = folder / WEIGHTS_FILE
     model = build_model(config, weights, device, compute_dtype)
     return LoadedCheckpoint(model=model, config=config, state_normalizer=state_norm, action_normalizer=action_norm,
@@ -229,7 +268,7 @@ def _preprocessor_steps(config: PolicyConfig, stats_file: str, features: Mapping
                        'state_file': stats_file}
     common = [{'registry_name': 'rename_observations_processor', 'config': {'rename_map': {}}},
               {'registry_name': 'to_batch_processor', 'config': {}}]
-    relative = {'registry_name': 'relative_actions_processor', 'config': {'enabled': False}}
+    relative = {'registry_name': RELATIVE_STEP, 'config': _relative_step_configs(config)[RELATIVE_STEP]}
     device = {'registry_name': 'device_processor', 'config': {'device': 'cpu', 'float_dtype': None}}
     if config.policy_type == 'pi0':
         return common + [{'registry_name': 'pi0_new_line_processor', 'config': {}}, tokenizer_step, device,
@@ -268,7 +307,7 @@ def save_checkpoint(folder: Path, model: PiZeroModel, state_stats: Mapping[str, 
                    'config': {'eps': DEFAULT_EPS, 'features': {ACTION_FEATURE: features[ACTION_FEATURE]},
                               'norm_map': dict(config.normalization_mapping)},
                    'state_file': post_stats_file},
-                  {'registry_name': 'absolute_actions_processor', 'config': {'enabled': False}},
+                  {'registry_name': ABSOLUTE_STEP, 'config': _relative_step_configs(config)[ABSOLUTE_STEP]},
                   {'registry_name': 'device_processor', 'config': {'device': 'cpu', 'float_dtype': None}}]
     (folder / POSTPROCESSOR_FILE).write_text(json.dumps({'name': 'policy_postprocessor', 'steps': post_steps},
                                                         indent=2))

@@ -5,6 +5,13 @@ variants) or from a named preset. Named variants follow openpi's ``gemma.py``
 and PaliGemma's SigLIP So400m/14. A checkpoint may carry a ``model_sizes``
 block (this project's extension, ignored by lerobot's fields) that overrides
 the sizes of any tower; the tiny preset and the bench configs use it.
+
+Nothing in a config.json is ignored silently: ``LEROBOT_CONFIG_FIELDS`` says
+for every field of lerobot's ``PI0Config`` / ``PI05Config`` whether we
+implement it, accept it because only training reads it, accept it as
+metadata, or load it only at the values we reproduce. Any other key, and a
+field we do not implement set to something else, refuses the checkpoint with
+the field and its value named.
 """
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .normalize import NORM_MODES
 
 POLICY_TYPES = ('pi0', 'pi05')
 IMAGE_FEATURE_PREFIX = 'observation.images.'
@@ -89,6 +98,10 @@ class PolicyConfig:
     # Trained real-time chunking: the checkpoint learned to continue a clean prefix of up to this many
     # actions (lerobot PI05Config.rtc_training_max_delay); 0: only guided RTC.
     rtc_training_max_delay: int = 0
+    # lerobot relative actions (policy/relative_actions.py): offsets from the raw state on masked joints.
+    use_relative_actions: bool = False
+    relative_exclude_joints: Tuple[str, ...] = ('gripper',)
+    action_feature_names: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         if self.policy_type not in POLICY_TYPES:
@@ -111,6 +124,11 @@ class PolicyConfig:
             raise ConfigError('n_action_steps must not exceed chunk_size')
         if not 0 <= self.rtc_training_max_delay < self.chunk_size:
             raise ConfigError(f'rtc_training_max_delay must be in [0, chunk_size), got {self.rtc_training_max_delay}')
+        if self.use_relative_actions and self.state_dim < self.action_dim:
+            # lerobot adds state[:action_dim] back (to_absolute_actions); a shorter state fails there
+            # with a broadcast error at the first chunk. Refuse at load instead.
+            raise ConfigError(f'use_relative_actions needs a state at least as long as the action: state_dim '
+                              f'{self.state_dim} < action_dim {self.action_dim}')
 
     # ---- derived sizes -------------------------------------------------
     @property
@@ -165,6 +183,9 @@ class PolicyConfig:
             'input_features': input_features,
             'output_features': {ACTION_FEATURE: {'type': 'ACTION', 'shape': [self.action_dim]}},
             'normalization_mapping': dict(self.normalization_mapping),
+            'use_relative_actions': self.use_relative_actions,
+            'relative_exclude_joints': list(self.relative_exclude_joints),
+            'action_feature_names': None if self.action_feature_names is None else list(self.action_feature_names),
             'model_sizes': {
                 'vision': dataclasses.asdict(self.vision),
                 'language': dataclasses.asdict(self.language),
@@ -172,7 +193,7 @@ class PolicyConfig:
                 'vocab_size': self.vocab_size,
             },
         }
-        if self.policy_type == 'pi05' or self.rtc_training_max_delay:
+        if self.policy_type == 'pi05':
             document['rtc_training_max_delay'] = self.rtc_training_max_delay   # a PI05Config field only
         return document
 
@@ -181,6 +202,7 @@ class PolicyConfig:
         policy_type = raw.get('type')
         if policy_type not in POLICY_TYPES:
             raise ConfigError(f'config.json "type" must be one of {POLICY_TYPES}, got {policy_type!r}')
+        check_lerobot_fields(raw)
         sizes = raw.get('model_sizes') or {}
         language = _gemma_size(sizes.get('language'), raw.get('paligemma_variant', 'gemma_2b'), 'paligemma_variant')
         expert = _gemma_size(sizes.get('expert'), raw.get('action_expert_variant', 'gemma_300m'),
@@ -217,10 +239,13 @@ class PolicyConfig:
                 min_period=float(raw.get('min_period', 4e-3)),
                 max_period=float(raw.get('max_period', 4.0)),
                 tokenizer_max_length=int(raw.get('tokenizer_max_length', policy_defaults['tokenizer_max_length'])),
-                normalization_mapping=dict(raw.get('normalization_mapping')
-                                           or policy_defaults['normalization_mapping']),
+                normalization_mapping=_normalization_mapping(raw.get('normalization_mapping')
+                                                             or policy_defaults['normalization_mapping']),
                 dtype=str(raw.get('dtype', 'float32')),
                 rtc_training_max_delay=int(raw.get('rtc_training_max_delay', 0)),
+                use_relative_actions=_bool_field(raw, 'use_relative_actions', False),
+                relative_exclude_joints=_names_field(raw, 'relative_exclude_joints', ('gripper',)) or (),
+                action_feature_names=_names_field(raw, 'action_feature_names', None),
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ConfigError(f'config.json is malformed: {exc!r}') from exc
@@ -242,6 +267,154 @@ _POLICY_TYPE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     'pi05': {'tokenizer_max_length': 200,
              'normalization_mapping': {'VISUAL': 'IDENTITY', 'STATE': 'QUANTILES', 'ACTION': 'QUANTILES'}},
 }
+
+
+# ---- every config.json field, classified ---------------------------------------------------------
+#
+# The fields of lerobot's PreTrainedConfig, PI0Config and PI05Config at huggingface/lerobot
+# 7427f31801f944f5ec9ce53cda02862ce7d1638b (src/lerobot/configs/policies.py,
+# src/lerobot/policies/pi0/configuration_pi0.py, src/lerobot/policies/pi05/configuration_pi05.py), plus the
+# draccus choice key "type" and this project's "model_sizes". test/test_config_fields.py holds those lists
+# and fails when a field is missing here.
+
+IMPLEMENTED = 'implemented'      # read and reproduced
+TRAINING = 'training'            # only training reads it: accepted with any value
+METADATA = 'metadata'            # bookkeeping or another component's setting: accepted with any value
+DEFAULT_ONLY = 'default_only'    # changes inference and is not implemented: loads only at `accepted` values
+PI05_ONLY = ('pi05',)
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    name: str
+    handling: str
+    why: str
+    accepted: Tuple[Any, ...] = ()               # DEFAULT_ONLY: the values that load (JSON values)
+    policy_types: Tuple[str, ...] = POLICY_TYPES  # the lerobot config types that have this field
+
+
+LEROBOT_CONFIG_FIELDS: Tuple[ConfigField, ...] = (
+    ConfigField('type', IMPLEMENTED, 'pi0 or pi05; any other policy is refused'),
+    ConfigField('model_sizes', IMPLEMENTED, "this project's extension: explicit tower sizes (tiny and bench models)"),
+    # ---- PreTrainedConfig ----
+    ConfigField('n_obs_steps', DEFAULT_ONLY, 'observation history is not implemented (one observation per chunk)',
+                accepted=(1,)),
+    ConfigField('input_features', IMPLEMENTED, 'camera names and order, state dimension'),
+    ConfigField('output_features', IMPLEMENTED, 'action dimension'),
+    ConfigField('device', METADATA, "where lerobot ran; the node's device parameter decides"),
+    ConfigField('use_amp', METADATA, "lerobot's autocast switch; the node's dtype parameter sets the precision"),
+    ConfigField('use_peft', DEFAULT_ONLY,
+                'PEFT adapters are not loaded (merge the adapter into model.safetensors first)', accepted=(False,)),
+    ConfigField('push_to_hub', METADATA, 'Hub upload'),
+    ConfigField('repo_id', METADATA, 'Hub upload'),
+    ConfigField('private', METADATA, 'Hub upload'),
+    ConfigField('tags', METADATA, 'Hub upload'),
+    ConfigField('license', METADATA, 'Hub upload'),
+    ConfigField('pretrained_path', METADATA, 'where training started from'),
+    ConfigField('pretrained_revision', METADATA, 'where training started from'),
+    # ---- PI0Config / PI05Config ----
+    ConfigField('paligemma_variant', IMPLEMENTED, 'language model size'),
+    ConfigField('action_expert_variant', IMPLEMENTED, 'action expert size'),
+    ConfigField('dtype', METADATA, "lerobot's precision; the node's dtype parameter sets ours (bf16 keeps the same "
+                'modules in fp32 as lerobot)'),
+    ConfigField('chunk_size', IMPLEMENTED, 'actions per chunk'),
+    ConfigField('n_action_steps', IMPLEMENTED, "checked <= chunk_size; the node's execute_steps publishes"),
+    ConfigField('use_visual_memory', DEFAULT_ONLY, 'MEM video memory is not implemented', accepted=(False,),
+                policy_types=PI05_ONLY),
+    ConfigField('use_proprioceptive_memory', DEFAULT_ONLY, 'MEM state memory is not implemented', accepted=(False,),
+                policy_types=PI05_ONLY),
+    ConfigField('memory_frames', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
+    ConfigField('memory_stride', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
+    ConfigField('memory_temporal_attention_every', METADATA, 'read only with MEM, which loads only when off',
+                policy_types=PI05_ONLY),
+    ConfigField('max_state_dim', IMPLEMENTED, 'pi0 state projection width (pi0.5: the padded legacy prompt)'),
+    ConfigField('max_action_dim', IMPLEMENTED, 'noise and action projection width'),
+    ConfigField('num_inference_steps', IMPLEMENTED, "Euler steps (the node's num_steps parameter overrides)"),
+    ConfigField('time_sampling_beta_alpha', TRAINING, 'flow-matching time sampling'),
+    ConfigField('time_sampling_beta_beta', TRAINING, 'flow-matching time sampling'),
+    ConfigField('time_sampling_scale', TRAINING, 'flow-matching time sampling'),
+    ConfigField('time_sampling_offset', TRAINING, 'flow-matching time sampling'),
+    ConfigField('min_period', IMPLEMENTED, 'time embedding'),
+    ConfigField('max_period', IMPLEMENTED, 'time embedding'),
+    ConfigField('use_relative_actions', IMPLEMENTED, 'raw state added back to masked joints'),
+    ConfigField('relative_exclude_joints', IMPLEMENTED, 'joints kept absolute (substring match on names)'),
+    ConfigField('action_feature_names', IMPLEMENTED, 'names the exclusions are matched against'),
+    ConfigField('rtc_config', METADATA, "lerobot's rollout-time RTC settings (null in trained checkpoints); the "
+                "node's chunking and rtc_* parameters decide"),
+    ConfigField('rtc_training_max_delay', IMPLEMENTED, 'trained real-time chunking: the largest clamped prefix '
+                '(rtc_mode trained)', policy_types=PI05_ONLY),
+    ConfigField('image_resolution', IMPLEMENTED, 'model image size (resize with pad)'),
+    ConfigField('empty_cameras', IMPLEMENTED, 'masked placeholder cameras'),
+    ConfigField('tokenizer_max_length', IMPLEMENTED, 'prompt length'),
+    ConfigField('normalization_mapping', IMPLEMENTED, 'VISUAL IDENTITY; STATE and ACTION any lerobot mode'),
+    ConfigField('gradient_checkpointing', TRAINING, 'memory saving in training'),
+    ConfigField('compile_model', TRAINING, 'torch.compile (speed only)'),
+    ConfigField('compile_mode', TRAINING, 'torch.compile (speed only)'),
+    ConfigField('freeze_vision_encoder', TRAINING, 'fine-tuning'),
+    ConfigField('train_expert_only', TRAINING, 'fine-tuning'),
+    ConfigField('optimizer_lr', TRAINING, 'optimizer'),
+    ConfigField('optimizer_betas', TRAINING, 'optimizer'),
+    ConfigField('optimizer_eps', TRAINING, 'optimizer'),
+    ConfigField('optimizer_weight_decay', TRAINING, 'optimizer'),
+    ConfigField('optimizer_grad_clip_norm', TRAINING, 'optimizer'),
+    ConfigField('scheduler_warmup_steps', TRAINING, 'learning-rate schedule'),
+    ConfigField('scheduler_decay_steps', TRAINING, 'learning-rate schedule'),
+    ConfigField('scheduler_decay_lr', TRAINING, 'learning-rate schedule'),
+)
+CONFIG_FIELDS: Dict[str, ConfigField] = {entry.name: entry for entry in LEROBOT_CONFIG_FIELDS}
+
+
+def check_lerobot_fields(raw: Mapping[str, Any]) -> None:
+    """Refuse keys the table does not know for this type, and unimplemented fields away from their accepted values."""
+    policy_type = raw.get('type')
+    known = {name for name, entry in CONFIG_FIELDS.items() if policy_type in entry.policy_types}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f'config.json has field(s) {unknown} that a lerobot {policy_type} config '
+                          '(lerobot 7427f318) does not have; refusing rather than ignoring them')
+    for name, value in raw.items():
+        entry = CONFIG_FIELDS[name]
+        if entry.handling == DEFAULT_ONLY and not any(_same_json(value, ok) for ok in entry.accepted):
+            allowed = ' or '.join(json.dumps(ok) for ok in entry.accepted)
+            raise ConfigError(f'config.json sets {name} = {json.dumps(value)}: {entry.why}; vla_policy_node '
+                              f'loads it only with {name} = {allowed}')
+
+
+def _same_json(value: Any, accepted: Any) -> bool:
+    # 1 == True in Python; a config value must also have the accepted value's JSON type.
+    return type(value) is type(accepted) and value == accepted
+
+
+def _normalization_mapping(raw: Any) -> Dict[str, str]:
+    """lerobot's normalization_mapping, refused where we would compute something else."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f'config.json normalization_mapping must be an object, got {json.dumps(raw)}')
+    for feature_type, mode in raw.items():
+        if mode not in NORM_MODES:
+            raise ConfigError(f'config.json normalization_mapping.{feature_type} = {json.dumps(mode)} is not '
+                              f'implemented (known modes: {", ".join(NORM_MODES)})')
+        if feature_type == 'VISUAL' and mode != 'IDENTITY':
+            # Images go to the vision tower as [-1, 1] pixels; no image statistics are applied.
+            raise ConfigError(f'config.json normalization_mapping.VISUAL = {json.dumps(mode)} is not '
+                              'implemented (only IDENTITY)')
+    return dict(raw)
+
+
+def _bool_field(raw: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = raw.get(name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f'config.json {name} must be true or false, got {json.dumps(value)}')
+    return value
+
+
+def _names_field(raw: Mapping[str, Any], name: str,
+                 default: Optional[Tuple[str, ...]]) -> Optional[Tuple[str, ...]]:
+    value = raw.get(name, default)
+    if value is None or isinstance(value, tuple):
+        return value
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f'config.json {name} must be a list of strings or null, got {json.dumps(value)}')
+    return tuple(value)
 
 
 def _gemma_size(explicit: Optional[Mapping[str, int]], variant: str, field_name: str) -> GemmaSize:

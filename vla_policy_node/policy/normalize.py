@@ -4,8 +4,12 @@ Formulas follow lerobot's normalizer processor (eps 1e-8 by default):
   MEAN_STD   y = (x - mean) / (std + eps)          x = y * std + mean
   QUANTILES  y = 2 (x - q01) / d - 1, d = q99 - q01 (eps where d == 0)
              x = (y + 1) d / 2 + q01
+  QUANTILE10 as QUANTILES with q10 / q90
   MIN_MAX    as QUANTILES with min / max
   IDENTITY   y = x
+
+(huggingface/lerobot 7427f318, ``src/lerobot/processor/normalize_processor.py``;
+these are every ``NormalizationMode`` of ``src/lerobot/configs/types.py``.)
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ from typing import Dict, Mapping
 import numpy as np
 
 DEFAULT_EPS = 1e-8
-NORM_MODES = ('IDENTITY', 'MEAN_STD', 'QUANTILES', 'MIN_MAX')
-_REQUIRED_STATS = {'IDENTITY': (), 'MEAN_STD': ('mean', 'std'), 'QUANTILES': ('q01', 'q99'), 'MIN_MAX': ('min', 'max')}
+# The statistics each mode reads; for the three range modes, (low, high).
+_REQUIRED_STATS = {'IDENTITY': (), 'MEAN_STD': ('mean', 'std'), 'QUANTILES': ('q01', 'q99'),
+                   'QUANTILE10': ('q10', 'q90'), 'MIN_MAX': ('min', 'max')}
+NORM_MODES = tuple(_REQUIRED_STATS)
 
 
 class NormalizationError(ValueError):
@@ -45,33 +51,34 @@ class FeatureNormalizer:
         needed = _REQUIRED_STATS[self.mode]
         return int(np.asarray(self.stats[needed[0]]).shape[-1]) if needed else -1
 
-    def _low_span(self):
-        low_name, high_name = ('q01', 'q99') if self.mode == 'QUANTILES' else ('min', 'max')
-        low = np.asarray(self.stats[low_name], dtype=np.float64)
-        span = np.asarray(self.stats[high_name], dtype=np.float64) - low
-        return low, np.where(span == 0, self.eps, span)
+    def _stat(self, name: str) -> np.ndarray:
+        return np.asarray(self.stats[name], dtype=np.float32)
 
+    def _low_span(self):
+        low_name, high_name = _REQUIRED_STATS[self.mode]
+        low = self._stat(low_name)
+        span = self._stat(high_name) - low
+        return low, np.where(span == 0, np.float32(self.eps), span)
+
+    # float32 throughout, in lerobot's order of operations: lerobot casts the statistics to the float32
+    # input, so the same state gives the same normalised values bit for bit (and the same prompt bins).
     def normalize(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
+        x = np.asarray(x, dtype=np.float32)
         if self.mode == 'IDENTITY':
-            return x.astype(np.float32)
+            return x.copy()
         if self.mode == 'MEAN_STD':
-            y = (x - self.stats['mean']) / (np.asarray(self.stats['std'], dtype=np.float64) + self.eps)
-        else:
-            low, span = self._low_span()
-            y = 2.0 * (x - low) / span - 1.0
-        return y.astype(np.float32)
+            return (x - self._stat('mean')) / (self._stat('std') + np.float32(self.eps))
+        low, span = self._low_span()
+        return np.float32(2.0) * (x - low) / span - np.float32(1.0)
 
     def unnormalize(self, y: np.ndarray) -> np.ndarray:
-        y = np.asarray(y, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float32)
         if self.mode == 'IDENTITY':
-            return y.astype(np.float32)
+            return y.copy()
         if self.mode == 'MEAN_STD':
-            x = y * self.stats['std'] + self.stats['mean']
-        else:
-            low, span = self._low_span()
-            x = (y + 1.0) * span / 2.0 + low
-        return x.astype(np.float32)
+            return y * self._stat('std') + self._stat('mean')
+        low, span = self._low_span()
+        return (y + np.float32(1.0)) * span / np.float32(2.0) + low
 
 
 def split_flat_stats(flat: Mapping[str, np.ndarray], feature: str) -> Dict[str, np.ndarray]:

@@ -36,11 +36,12 @@ def random_model(config: PolicyConfig, seed: int = DEFAULT_SEED) -> PiZeroModel:
 
 
 def statistics(dim: int, std: float) -> dict:
-    """Every statistic lerobot keeps, so MEAN_STD and QUANTILES configs both load."""
+    """Every statistic lerobot keeps, so a config with any normalisation mode loads."""
     zeros = np.zeros(dim, dtype=np.float32)
     spread = np.full(dim, std, dtype=np.float32)
     return {'mean': zeros, 'std': spread, 'min': zeros - 3 * spread, 'max': zeros + 3 * spread,
-            'q01': zeros - 2.33 * spread, 'q99': zeros + 2.33 * spread}
+            'q01': zeros - 2.33 * spread, 'q99': zeros + 2.33 * spread,
+            'q10': zeros - 1.28 * spread, 'q90': zeros + 1.28 * spread}
 
 
 def write_random_checkpoint(folder: Path, config: PolicyConfig, seed: int = DEFAULT_SEED) -> Path:
@@ -52,8 +53,16 @@ def write_random_checkpoint(folder: Path, config: PolicyConfig, seed: int = DEFA
                                statistics(config.action_dim, ACTION_STD), tokenizer_file=tokenizer_file)
 
 
-def write_tiny_default(folder: Path, policy_type: str = 'pi0', seed: int = DEFAULT_SEED) -> Path:
-    return write_random_checkpoint(folder, preset('tiny', policy_type=policy_type), seed)
+# Names as a lerobot dataset gives them (features["action"]["names"]); the last one is the gripper.
+TINY_ACTION_NAMES = ('shoulder_pan.pos', 'shoulder_lift.pos', 'elbow_flex.pos', 'wrist_flex.pos', 'wrist_roll.pos',
+                     'gripper.pos')
+
+
+def write_tiny_default(folder: Path, policy_type: str = 'pi0', seed: int = DEFAULT_SEED,
+                       relative_actions: bool = False) -> Path:
+    """The tiny checkpoint; ``relative_actions``: trained on offsets from the state, gripper absolute."""
+    overrides = dict(use_relative_actions=True, action_feature_names=TINY_ACTION_NAMES) if relative_actions else {}
+    return write_random_checkpoint(folder, preset('tiny', policy_type=policy_type, **overrides), seed)
 
 
 def builtin_tiny_checkpoint() -> Path:
@@ -78,9 +87,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('output', type=Path, help='folder to create (pretrained_model layout)')
     parser.add_argument('--type', choices=('pi0', 'pi05'), default='pi0')
     parser.add_argument('--seed', type=int, default=DEFAULT_SEED)
+    parser.add_argument('--relative-actions', action='store_true',
+                        help='use_relative_actions: actions are offsets from the state (gripper absolute)')
     args = parser.parse_args(argv)
-    folder = write_tiny_default(args.output, args.type, args.seed)
-    print(f'wrote a tiny {args.type} checkpoint with RANDOM weights (seed {args.seed}) to {folder}')
+    folder = write_tiny_default(args.output, args.type, args.seed, args.relative_actions)
+    kind = ' relative-action' if args.relative_actions else ''
+    print(f'wrote a tiny{kind} {args.type} checkpoint with RANDOM weights (seed {args.seed}) to {folder}')
     return 0
 
 

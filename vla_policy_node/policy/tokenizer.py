@@ -7,9 +7,9 @@ Prompt formats follow lerobot's processors (checked against huggingface/lerobot)
   not otherwise cleaned. ``TokenizerProcessorStep`` then runs the HF PaliGemma
   tokenizer (``google/paligemma-3b-pt-224``: adds BOS, no EOS), right padded
   to ``max_length`` and truncated. Ids: ``BOS + encode(task + "\\n")``.
-* pi0.5, ``src/lerobot/policies/pi05/processor_pi05.py``:
-  ``Pi05PrepareStateTokenizerProcessorStep`` pads the normalized state to
-  ``max_state_dim`` with zeros, bins it with
+* pi0.5, ``src/lerobot/policies/pi05/processor_pi05.py`` at lerobot
+  7427f318: ``Pi05PrepareStateTokenizerProcessorStep`` bins the normalized
+  state at its own dimension (``state_dim`` numbers, no padding) with
   ``np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1`` (no clipping, so a
   value below -1 gives bin -1 and above 1 gives 255), cleans the task with
   ``strip().replace("_", " ").replace("\\n", " ")`` (no capitalisation or
@@ -17,9 +17,19 @@ Prompt formats follow lerobot's processors (checked against huggingface/lerobot)
   ``f"Task: {cleaned}, State: {' '.join(bins)};\\nAction: "``, which the same
   PaliGemma tokenizer step encodes with BOS.
 
-openpi's ``src/openpi/models/tokenizer.py`` writes the same pi0.5 string; for
-pi0 it cleans the text and encodes ``"\\n"`` separately, which gives the same
-ids as lerobot only for already clean instructions.
+openpi's ``src/openpi/models/tokenizer.py`` writes the same pi0.5 string from
+the same unpadded state; for pi0 it cleans the text and encodes ``"\\n"``
+separately, which gives the same ids as lerobot only for already clean
+instructions.
+
+The legacy pi0.5 prompt: lerobot from "Add OpenPi, Pi0 and Pi0.5" (#1910,
+``abde7be3``, 2025-10-02) until "remove state padding before tokenization"
+(``aca4348b``, landed with the transformers v5 bump #2964, ``f0d2b37b``,
+2026-03-05) zero-padded the normalized state to ``max_state_dim`` (32) before
+binning, so its prompts carry a ``128`` for every padded dimension.
+Checkpoints fine-tuned with those releases expect that prompt; ``pad_state_to``
+reproduces it, and only when asked for (the runtime's
+``pi05_padded_state_prompt``).
 
 Both backends (``sentencepiece`` for ``tokenizer.model``, ``tokenizers`` for
 ``tokenizer.json``) are driven the same way: encode the prompt without special
@@ -195,8 +205,9 @@ class PromptTokenizer:
                     *, pad_state_to: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(ids, mask) for a pi0.5 prompt with the state binned into the text.
 
-        lerobot zero-pads the state to ``max_state_dim`` (32) before binning;
-        pass ``pad_state_to`` (or an already padded state) to reproduce that.
+        ``normalized_state`` is binned as given (current lerobot and openpi).
+        ``pad_state_to=max_state_dim`` zero-pads it first: the legacy prompt of
+        lerobot releases between 2025-10-02 and 2026-03-05 (module docstring).
         """
         prompt = format_pi05_prompt(instruction, normalized_state, pad_state_to)
         return self._encode_prompt(prompt, max_length)
