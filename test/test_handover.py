@@ -19,8 +19,8 @@ JOINTS = [f'joint_{i}' for i in range(1, 7)]
 
 
 def chunk(origin_ns, period_ns, first=0, horizon=10, joints=2, offset=0.0):
-    normalized = np.arange(horizon, dtype=np.float32)[:, None].repeat(joints, 1) + offset
-    return ExecutingChunk(origin_ns, period_ns, first, normalized, normalized[first:].astype(np.float64))
+    actions = np.arange(horizon, dtype=np.float64)[:, None].repeat(joints, 1) + offset
+    return ExecutingChunk(origin_ns, period_ns, first, actions, actions[first:])
 
 
 # ---- alignment ----------------------------------------------------------------------------------

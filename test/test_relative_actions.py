@@ -108,6 +108,25 @@ def test_each_chunk_is_anchored_to_its_own_observation_and_a_hit_reuses_the_pref
     np.testing.assert_array_equal(second.actions, expected)
 
 
+def test_an_rtc_leftover_in_robot_units_is_re_anchored_to_the_new_observation(pair):
+    """The executing chunk's absolute targets become offsets from the *new* state before they guide the new
+    chunk (lerobot reanchor_relative_rtc_prefix), so guidance agrees with where the arm is commanded to go."""
+    from vla_policy_node.policy.rtc import RTCSettings
+    _, relative_rt = pair
+    state = np.array([1.2, -0.7, 0.4, 2.0, -1.5, 0.03])
+    leftover = np.linspace(-1.0, 1.0, 8 * 6).reshape(8, 6)
+    rtc = RTCSettings(execution_horizon=6)
+    from_robot = relative_rt.infer(make_observation(state=state), seed=2, prev_actions=leftover,
+                                   inference_delay=1, rtc=rtc)
+    offsets = leftover.copy()
+    offsets[:, :5] -= state[:5]
+    by_hand = relative_rt.infer(make_observation(state=state), seed=2, inference_delay=1, rtc=rtc,
+                                prev_chunk_left_over=relative_rt.action_normalizer.normalize(offsets))
+    np.testing.assert_allclose(from_robot.actions, by_hand.actions, atol=1e-5)
+    # The guided chunk lands near the absolute leftover on its first actions, gripper and arm alike.
+    assert np.abs(from_robot.actions[:1] - leftover[:1]).max() < 0.1
+
+
 def test_state_and_action_dims_that_differ(tmp_path):
     names = ('j1', 'j2', 'j3', 'gripper')
     config = preset('tiny', state_dim=7, action_dim=4, use_relative_actions=True, action_feature_names=names)

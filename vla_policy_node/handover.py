@@ -36,8 +36,8 @@ class ExecutingChunk:
     origin_ns: int
     period_ns: int
     first: int
-    normalized: np.ndarray            # [H, A] the whole chunk in the model's space
-    positions: np.ndarray             # [end - first, J] published positions (after limits)
+    actions: np.ndarray               # [H, A] the whole chunk, robot units
+    positions: np.ndarray             # [end - first, J] what the controller executes (after limits)
 
     @property
     def end(self) -> int:
@@ -56,7 +56,10 @@ class ExecutingChunk:
 
 @dataclass(frozen=True)
 class Continuation:
-    """What a new chunk continues: the leftover (normalised [T, A], or None) and the estimated delay d."""
+    """What a new chunk continues: the leftover (robot units [T, A], or None) and the estimated delay d.
+
+    In robot units, absolute: the runtime re-anchors it to the new observation (relative-action
+    checkpoints) and normalises it."""
 
     leftover: Optional[np.ndarray]
     delay: int
@@ -119,7 +122,7 @@ class ChunkHandover:
             return Continuation(None, delay)
         # Index 0 of the leftover must be due with the new action 0, so it starts at C's aligned action even
         # when that one had elapsed before C was published (the first d of the new chunk are past anyway).
-        return Continuation(chunk.normalized[aligned:chunk.end], delay)
+        return Continuation(chunk.actions[aligned:chunk.end], delay)
 
     def take_over(self, new: ExecutingChunk, elapsed: int) -> Optional[HandoverMetrics]:
         """``new`` replaces the executing chunk; returns the hand-over figures (None for the first chunk)."""

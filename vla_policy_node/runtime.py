@@ -30,7 +30,7 @@ from .policy.normalize import FeatureNormalizer
 from .policy.pi0 import PiZeroModel
 from .policy.rtc import RTCSettings
 from .policy.preprocess import empty_camera_image, image_to_unit_tensor, resize_with_pad, to_model_range
-from .policy.relative_actions import relative_action_mask, to_absolute_actions
+from .policy.relative_actions import relative_action_mask, to_absolute_actions, to_relative_actions
 from .policy.tokenizer import PromptTokenizer, TokenizerError
 
 LOG = logging.getLogger(__name__)
@@ -259,12 +259,14 @@ class PolicyRuntime:
         prepared = self._prepare(observation)
         return self._keys.key(prepared.slots, prepared.tokens, prepared.token_mask)
 
-    def _leftover(self, prev_chunk_left_over: Optional[np.ndarray], prev_actions: Optional[np.ndarray]
-                  ) -> Optional[torch.Tensor]:
+    def _leftover(self, prev_chunk_left_over: Optional[np.ndarray], prev_actions: Optional[np.ndarray],
+                  raw_state: np.ndarray) -> Optional[torch.Tensor]:
         """The previous chunk's unexecuted actions in the model's space [T, A], or None.
 
         prev_chunk_left_over is already normalised ([T, <= max_action_dim]); prev_actions are robot
-        units ([T, action_dim]) and are normalised here with the checkpoint's action statistics.
+        units ([T, action_dim]), absolute: on a relative-action checkpoint they are first made relative
+        to *this* observation's raw state, the state the new chunk is anchored to (lerobot
+        policies/rtc/relative.py reanchor_relative_rtc_prefix), then normalised with the action statistics.
         """
         if prev_chunk_left_over is not None and prev_actions is not None:
             raise ObservationError('prev_actions', 'give prev_chunk_left_over or prev_actions, not both')
@@ -279,6 +281,8 @@ class PolicyRuntime:
         if not np.all(np.isfinite(array)):
             raise ObservationError(name, 'non-finite value(s)')
         if name == 'prev_actions':
+            if self.relative_mask is not None:
+                array = to_relative_actions(array, raw_state, self.relative_mask)
             array = self.action_normalizer.normalize(array)
         return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(self.device)
 
@@ -333,7 +337,8 @@ class PolicyRuntime:
         if steps < 1:
             raise ObservationError('num_steps', f'must be >= 1, got {steps}')
         noise_tensor = self._noise(noise, seed)
-        leftover = self._leftover(continuation.pop('prev_chunk_left_over'), continuation.pop('prev_actions'))
+        leftover = self._leftover(continuation.pop('prev_chunk_left_over'), continuation.pop('prev_actions'),
+                                  prepared.raw_state)
         rtc = continuation['rtc']
         self._check_rtc(rtc, continuation['inference_delay'])
         key = self._keys.key(slots, tokens, token_mask) if use_cache else None

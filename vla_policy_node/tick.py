@@ -222,7 +222,7 @@ class TickEngine:
             return self.runtime.infer(assembled.observation, seed=settings.seed, num_steps=settings.num_steps,
                                       use_cache=settings.cache_enabled,
                                       max_instruction_length=settings.max_instruction_length,
-                                      prev_chunk_left_over=continuation.leftover,
+                                      prev_actions=continuation.leftover,
                                       inference_delay=continuation.delay, rtc=settings.rtc)
         except ObservationError as exc:
             raise SkipTick(exc.reason, str(exc), settings.layout.topic_of(exc.field)) from exc
@@ -255,7 +255,7 @@ class TickEngine:
             raise SkipTick(SkipReason.INVALID_ACTIONS, f'policy output not published: {exc}') from exc
         executed = plan.positions[elapsed - first:]      # what the controller will execute
         outcome.handover = self.handover.take_over(
-            ExecutingChunk(outcome.origin_ns, period_ns, elapsed, chunk.normalized, executed), elapsed)
+            ExecutingChunk(outcome.origin_ns, period_ns, elapsed, chunk.actions, executed), elapsed)
         return plan
 
 

@@ -47,3 +47,12 @@ def to_absolute_actions(actions: np.ndarray, state: np.ndarray, mask: np.ndarray
     absolute = np.array(actions, dtype=np.float32, copy=True)
     absolute[:, :dims] += offset[None, :]
     return absolute
+
+
+def to_relative_actions(actions: np.ndarray, state: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Absolute actions [T, A] - raw state on the masked dims: what the model predicts (lerobot to_relative_actions)."""
+    dims = mask.shape[0]
+    offset = np.asarray(state, dtype=np.float32)[:dims] * mask.astype(np.float32)
+    relative = np.array(actions, dtype=np.float32, copy=True)
+    relative[:, :dims] -= offset[None, :]
+    return relative
