@@ -11,6 +11,7 @@ package_name = 'vla_policy_node'
 ROS_WHEELS = [
     'ros-rclpy',
     'ros-std-msgs',
+    'ros-std-srvs',
     'ros-sensor-msgs',
     'ros-trajectory-msgs',
     'ros-diagnostic-msgs',

@@ -37,7 +37,8 @@ from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Bool, String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_policy_node.trajectory import check_controller_rules
@@ -289,6 +290,9 @@ class TestRig:
         self._instruction_pub = self.node.create_publisher(
             String, INSTRUCTION_TOPIC, QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
         self._clock_pub = self.node.create_publisher(Clock, '/clock', reliable)
+        self._enable_pub = self.node.create_publisher(Bool, '/enable', reliable)
+        self._estop_pub = self.node.create_publisher(Bool, '/estop', reliable)
+        self._reset_estop = self.node.create_client(Trigger, f'/{node_name}/reset_estop')
         self._lock = threading.Condition()
         self.trajectories: List[JointTrajectory] = []
         self.trajectory_times: List[float] = []
@@ -331,6 +335,7 @@ class TestRig:
             self.joint_names: List[str] = list(JOINTS)
             self.joint_positions: List[float] = [0.1, -0.2, 0.3, -0.1, 0.2, 0.0]
             self.instruction: Optional[str] = INSTRUCTION
+            self.enable: Optional[bool] = None        # streamed on /enable when set (the deadman)
 
     def set_inputs(self, **fields) -> None:
         with self._lock:
@@ -387,7 +392,7 @@ class TestRig:
             overrides = dict(self.camera_overrides)
             paused = set(self.paused_cameras)
             names, positions = list(self.joint_names), list(self.joint_positions)
-            instruction = self.instruction
+            instruction, enable = self.instruction, self.enable
         now = self.now_ns()
         stamp = time_msg(now)
         for camera in self.cameras:
@@ -401,6 +406,17 @@ class TestRig:
         self.publish_joint_state(names, positions, stamp)
         if instruction is not None:
             self.publish_instruction(instruction)
+        if enable is not None:
+            self._enable_pub.publish(Bool(data=enable))
+
+    def publish_estop(self, value: bool) -> None:
+        self._estop_pub.publish(Bool(data=value))
+
+    def reset_estop(self, timeout: float = 5.0) -> Trigger.Response:
+        response = self._call(self._reset_estop, Trigger.Request(), timeout)
+        if response is None:
+            raise AssertionError(f'reset_estop: no answer in {timeout} s')
+        return response
 
     def start_streaming(self) -> None:
         if self._stream_thread is not None:
@@ -574,6 +590,22 @@ class TestRig:
         self.node.destroy_node()
         self.context.try_shutdown()
         self._spin_thread.join(timeout=2)
+
+
+def is_hold(msg: JointTrajectory) -> bool:
+    """A hold trajectory: one point, zero velocity (the arm stays where it was measured)."""
+    return len(msg.points) == 1 and not any(msg.points[0].velocities)
+
+
+def wait_for_policy_trajectories(rig: TestRig, count: int, timeout: float, since: int = 0) -> List[JointTrajectory]:
+    """``count`` chunks from the policy (more than one point), ignoring holds in between."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunks = [m for m in rig.trajectories_since(since) if not is_hold(m)]
+        if len(chunks) >= count:
+            return chunks[:count]
+        time.sleep(0.05)
+    raise AssertionError(f'fewer than {count} policy trajectories in {timeout} s')
 
 
 def assert_no_new_trajectories(rig: TestRig, seconds: float, settle: float = 0.6) -> None:

@@ -101,6 +101,8 @@ class InputKind(enum.Enum):
     CAMERA = 'camera'
     JOINT_STATE = 'joint_state'
     INSTRUCTION = 'instruction'
+    ENABLE = 'enable'             # the operator's deadman (std_msgs/Bool)
+    ESTOP = 'estop'               # the operator's e-stop (std_msgs/Bool, true latches)
 
 
 @dataclass(frozen=True)
@@ -114,16 +116,17 @@ class InputTopic:
 
     @property
     def field(self) -> str:
-        """The Observation field this topic fills, as ObservationError names it."""
+        """The Observation field this topic fills, as ObservationError names it (operator inputs: their kind)."""
         if self.kind is InputKind.CAMERA:
             return f'images.{self.camera}'
-        return 'state' if self.kind is InputKind.JOINT_STATE else 'instruction'
+        return 'state' if self.kind is InputKind.JOINT_STATE else self.kind.value
 
     @property
     def msg_type(self) -> str:
         if self.kind is InputKind.CAMERA:
             return 'sensor_msgs/msg/CompressedImage' if self.compressed else 'sensor_msgs/msg/Image'
-        return 'sensor_msgs/msg/JointState' if self.kind is InputKind.JOINT_STATE else 'std_msgs/msg/String'
+        return {InputKind.JOINT_STATE: 'sensor_msgs/msg/JointState', InputKind.INSTRUCTION: 'std_msgs/msg/String'
+                }.get(self.kind, 'std_msgs/msg/Bool')
 
 
 @dataclass(frozen=True)
@@ -134,10 +137,11 @@ class InputLayout:
     joint_states: InputTopic
     instruction: InputTopic
     state_joint_names: Tuple[str, ...]
+    operator: Tuple[InputTopic, ...] = ()      # enable and e-stop, read by the safety supervisor
 
     @property
     def inputs(self) -> Tuple[InputTopic, ...]:
-        return self.cameras + (self.joint_states, self.instruction)
+        return self.cameras + (self.joint_states, self.instruction) + self.operator
 
     @property
     def camera_names(self) -> Tuple[str, ...]:
@@ -178,6 +182,23 @@ def header_stamp_ns(msg: object) -> int:
     return int(stamp.sec) * NS_PER_SEC + int(getattr(stamp, 'nanosec', 0))
 
 
+@dataclass(frozen=True)
+class OperatorInputs:
+    """The latest deadman and e-stop inputs: value and age in seconds since received (None: never received)."""
+
+    enable: Optional[bool] = None
+    enable_age_sec: float = float('inf')
+    estop: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Where the arm is now: positions of the commanded joints, or why that is unknown."""
+
+    positions: Optional[np.ndarray]
+    problem: str = ''
+
+
 @dataclass
 class AssembledObservation:
     observation: Observation
@@ -198,11 +219,12 @@ class InputBuffer:
         self._cameras: Dict[str, _Stamped] = {}
         self._joint_state: Optional[_Stamped] = None
         self._instruction: Optional[_Stamped] = None
+        self._operator: Dict[InputKind, _Stamped] = {}
 
     # ---- writer (callbacks): store only; every check waits for the tick ----------------------------
     def put(self, entry: InputTopic, msg: Any, receive_ns: int) -> None:
         """Store ``msg`` received on ``entry.topic`` at ``receive_ns``."""
-        if entry.kind is InputKind.INSTRUCTION:
+        if entry.kind in (InputKind.INSTRUCTION, InputKind.ENABLE, InputKind.ESTOP):
             stamped = _Stamped(msg.data, receive_ns, receive_ns)
         else:
             stamped = _Stamped(msg, header_stamp_ns(msg) or receive_ns, receive_ns)
@@ -211,10 +233,13 @@ class InputBuffer:
                 self._cameras[entry.camera] = stamped
             elif entry.kind is InputKind.JOINT_STATE:
                 self._joint_state = stamped
-            else:
+            elif entry.kind is InputKind.INSTRUCTION:
                 self._instruction = stamped
+            else:
+                self._operator[entry.kind] = stamped
 
     def clear(self) -> None:
+        """Forget the observation inputs; operator inputs stay (an e-stop must not be forgotten)."""
         with self._lock:
             self._cameras.clear()
             self._joint_state = None
@@ -225,11 +250,31 @@ class InputBuffer:
         with self._lock:
             return {name: (now_ns - entry.stamp_ns) / NS_PER_SEC for name, entry in self._cameras.items()}
 
-    def latest_joint_state(self) -> Optional[Tuple[Any, int]]:
-        """(message, stamp_ns) of the newest joint state, or None."""
+    def operator_inputs(self, now_ns: int) -> OperatorInputs:
+        with self._lock:
+            enable, estop = self._operator.get(InputKind.ENABLE), self._operator.get(InputKind.ESTOP)
+        return OperatorInputs(enable=None if enable is None else bool(enable.value),
+                              enable_age_sec=float('inf') if enable is None else
+                              (now_ns - enable.receive_ns) / NS_PER_SEC,
+                              estop=None if estop is None else bool(estop.value))
+
+    def measured(self, joint_names: Sequence[str], topic: str, max_age_sec: float, now_ns: int) -> Measured:
+        """Positions of ``joint_names`` from the newest joint state, if fresh, complete and finite."""
         with self._lock:
             entry = self._joint_state
-        return None if entry is None else (entry.value, entry.stamp_ns)
+        if entry is None:
+            return Measured(None, f'no joint state received on {topic}')
+        age = (now_ns - entry.stamp_ns) / NS_PER_SEC
+        if age > max_age_sec:
+            return Measured(None, f'the joint state on {topic} is {age:.3f} s old (max_joint_state_age_sec '
+                                  f'{max_age_sec})')
+        try:
+            positions = joint_positions(entry.value, joint_names, topic)
+        except SkipTick as skip:
+            return Measured(None, str(skip))
+        if not np.all(np.isfinite(positions)):
+            return Measured(None, f'the joint state on {topic} has non-finite positions')
+        return Measured(positions)
 
     def assemble(self, layout: InputLayout, limits: TimingLimits, now_ns: int) -> AssembledObservation:
         """The observation for a tick at ``now_ns``, or SkipTick. Checks cameras, then joints, then instruction."""

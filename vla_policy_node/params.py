@@ -22,6 +22,7 @@ from .handover import CHUNKING_MODES, DELAY_MODES
 from .observation import MAX_INSTRUCTION_CHARS
 from .policy.relative_actions import relative_action_mask
 from .policy.rtc import RTC_MODES, SCHEDULES
+from .safety import LIMIT_MODES, ON_FAULT_MODES
 from .trajectory import STAMP_MODES
 
 NODE_NAME = 'vla_policy'
@@ -163,6 +164,36 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               same_length_as='joint_names', at_most='joint_upper_limits'),
     ParamSpec('joint_upper_limits', None, 'double_array',
               'Per-joint upper bound for published positions; unset: no clipping.', same_length_as='joint_names'),
+    # --- safety (live, but for the topics) ---
+    ParamSpec('on_fault', 'hold', 'string',
+              'A skipped tick (stale camera, bad joint state, error ...): hold (publish one trajectory that keeps '
+              'the arm where it is measured, until inputs are good again) or continue (publish nothing; the '
+              'controller finishes the last trajectory).', choices=ON_FAULT_MODES),
+    ParamSpec('fault_hold_after_sec', 1.0, 'double',
+              'Hold when no valid trajectory was produced for this long (whatever on_fault says); 0: off.',
+              min_value=0.0, max_value=60.0),
+    ParamSpec('max_position_step', None, 'double_array',
+              'Per joint: the largest change between consecutive points, and from the measured position to the '
+              'first point; unset: off.', same_length_as='joint_names', min_value=1e-9, max_value=1e6),
+    ParamSpec('max_velocity', None, 'double_array',
+              'Per joint: the largest finite-difference velocity between points (units/s); unset: off.',
+              same_length_as='joint_names', min_value=1e-9, max_value=1e6),
+    ParamSpec('limit_mode', 'clamp', 'string',
+              'Beyond max_position_step / max_velocity: clamp (move the point to the bound), stretch (clamp steps, '
+              'slow fast segments down in time) or hold (refuse the trajectory and hold the arm).',
+              choices=LIMIT_MODES),
+    ParamSpec('enable_topic', 'enable', 'string',
+              'std_msgs/Bool deadman input (see require_enable).', read_only=True),
+    ParamSpec('require_enable', False, 'bool',
+              'Publish policy trajectories only while true messages keep arriving on enable_topic within '
+              'enable_timeout_sec; otherwise hold.'),
+    ParamSpec('enable_timeout_sec', 0.5, 'double', 'Deadman timeout.', min_value=0.01, max_value=60.0),
+    ParamSpec('estop_topic', 'estop', 'string',
+              'std_msgs/Bool e-stop input: true latches a hold until ~/reset_estop (std_srvs/Trigger) is called '
+              'with the input false.', read_only=True),
+    ParamSpec('ramp_in_sec', 0.0, 'double',
+              'After activation, an enable or a released hold, blend the published positions from the measured '
+              'position to the policy\'s over this long; 0: off.', min_value=0.0, max_value=60.0),
     ParamSpec('max_image_age_sec', 0.5, 'double', 'Skip the tick when any camera frame is older.',
               min_value=0.0, max_value=60.0),
     ParamSpec('max_camera_skew_sec', 0.1, 'double', 'Skip the tick when camera stamps differ by more.',
@@ -361,12 +392,15 @@ TOPICS: Tuple[Tuple[str, str, str, str], ...] = (
     ('in', '`/instruction` (`instruction_topic`)', 'std_msgs/String', 'reliable, depth 1, '
      'durability `instruction_durability`'),
     ('in', '`/joint_states` (`joint_states_topic`)', 'sensor_msgs/JointState', 'sensor data: best effort'),
+    ('in', '`enable` (`enable_topic`)', 'std_msgs/Bool (deadman, with `require_enable`)', 'reliable, depth 10'),
+    ('in', '`estop` (`estop_topic`)', 'std_msgs/Bool (`true` latches a hold)', 'reliable, depth 10'),
     ('in', '`/clock` (with `use_sim_time`)', 'rosgraph_msgs/Clock', 'ROS default'),
     ('out', f'`{DEFAULT_TRAJECTORY_TOPIC}` (`trajectory_topic`)', 'trajectory_msgs/JointTrajectory',
      'reliable, depth 10 (lifecycle publisher: only while active)'),
     ('out', '`/diagnostics`', 'diagnostic_msgs/DiagnosticArray', 'reliable, depth 10, every '
      '`diagnostics_period_sec`'),
     ('srv', '`/vla_policy/change_state`, `get_state`, ...', 'lifecycle_msgs', 'lifecycle services'),
+    ('srv', '`/vla_policy/reset_estop`', 'std_srvs/Trigger', 'release a latched e-stop (input must be false)'),
 )
 
 

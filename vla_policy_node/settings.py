@@ -19,6 +19,7 @@ from .policy.config import PolicyConfig
 from .policy.rtc import RTCSettings
 from .policy.tiny_default import builtin_tiny_checkpoint
 from .runtime import PolicyRuntime, set_cpu_threads
+from .safety import SafetySettings
 from .tick import TickSettings
 
 
@@ -29,6 +30,14 @@ class Configured:
     runtime: PolicyRuntime
     layout: InputLayout
     settings: TickSettings
+
+
+def absolute_topic(name: str, namespace: str = '/') -> str:
+    """A topic name as recorded in a bag: relative names resolve in ``namespace`` (the replay has no node
+    namespace, so the root)."""
+    if name.startswith('/'):
+        return name
+    return namespace.rstrip('/') + '/' + name
 
 
 def default_camera_topic(name: str, compressed: bool = False) -> str:
@@ -46,7 +55,9 @@ def input_layout(values: Mapping[str, Any], config: PolicyConfig) -> InputLayout
     return InputLayout(cameras=cameras,
                        joint_states=InputTopic(values['joint_states_topic'], InputKind.JOINT_STATE),
                        instruction=InputTopic(values['instruction_topic'], InputKind.INSTRUCTION),
-                       state_joint_names=tuple(effective(values, 'state_joint_names')))
+                       state_joint_names=tuple(effective(values, 'state_joint_names')),
+                       operator=(InputTopic(values['enable_topic'], InputKind.ENABLE),
+                                 InputTopic(values['estop_topic'], InputKind.ESTOP)))
 
 
 def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSettings:
@@ -64,7 +75,16 @@ def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSetting
                         cache_enabled=values['cache_enabled'],
                         max_instruction_length=values['max_instruction_length'],
                         rtc=rtc_settings(values), delay_mode=values['inference_delay_mode'],
-                        delay_window=values['inference_delay_window'], delay_steps=values['inference_delay_steps'])
+                        delay_window=values['inference_delay_window'], delay_steps=values['inference_delay_steps'],
+                        safety=safety_settings(values))
+
+
+def safety_settings(values: Mapping[str, Any]) -> SafetySettings:
+    return SafetySettings(on_fault=values['on_fault'], fault_hold_after_sec=values['fault_hold_after_sec'],
+                          max_position_step=tuple(values['max_position_step'] or ()),
+                          max_velocity=tuple(values['max_velocity'] or ()), limit_mode=values['limit_mode'],
+                          require_enable=values['require_enable'], enable_timeout_sec=values['enable_timeout_sec'],
+                          ramp_in_sec=values['ramp_in_sec'], hold_time_sec=values['action_period_sec'])
 
 
 def rtc_settings(values: Mapping[str, Any]) -> Optional[RTCSettings]:

@@ -18,11 +18,12 @@ from typing import Callable, Deque, Dict, Optional, Tuple
 
 import numpy as np
 
-from .observation import (AssembledObservation, InputBuffer, InputLayout, ObservationError, SkipReason, SkipTick,
-                          TimingLimits)
+from .observation import (AssembledObservation, InputBuffer, InputLayout, Measured, ObservationError, SkipReason,
+                          SkipTick, TimingLimits)
 from .handover import ChunkHandover, Continuation, ExecutingChunk, HandoverMetrics, elapsed_actions
 from .policy.rtc import RTCSettings
 from .runtime import STAGES, ActionChunk, PolicyRuntime
+from .safety import PlanKind, Review, SafetySettings, SafetySupervisor
 from .trajectory import TrajectoryError, TrajectoryPlan, build_plan, published_range
 
 LATENCY_WINDOW = 200
@@ -49,6 +50,7 @@ class TickSettings:
     delay_mode: str = 'measured'        # how d is estimated (handover.DelayEstimator)
     delay_window: int = 20
     delay_steps: int = 0
+    safety: SafetySettings = SafetySettings()
 
     @property
     def period_ns(self) -> int:
@@ -66,6 +68,12 @@ class TickOutcome:
     publish_ns: int = 0                        # when it was ready to publish
     delay: int = 0                             # the estimated inference delay d it was computed with
     handover: Optional[HandoverMetrics] = None
+    review: Review = dataclasses.field(default_factory=Review)   # what the safety supervisor lets out
+
+    @property
+    def publish(self) -> Optional[TrajectoryPlan]:
+        """What goes to the controller: the (shaped) policy plan, a hold, or nothing."""
+        return self.review.plan
 
 
 class TickStats:
@@ -173,19 +181,43 @@ class TickStatsSnapshot:
 
 
 class TickEngine:
-    """Runs ticks against a runtime and keeps the chunk hand-over; owns no clock and publishes nothing.
+    """Runs ticks against a runtime, keeps the chunk hand-over and the safety supervisor; owns no clock and
+    publishes nothing.
 
-    Every plan it returns is taken to be handed to the controller (dry_run included, so a dry run
-    reports what the robot would have done); ``reset`` when nothing is executing any more.
+    Every plan it lets out (``outcome.publish``) is taken to be handed to the controller (dry_run
+    included, so a dry run reports what the robot would have done); the caller publishes it through
+    ``supervisor.release``, which drops a policy plan that an e-stop overtook.
     """
 
     def __init__(self, runtime: PolicyRuntime, stats: Optional[TickStats] = None) -> None:
         self.runtime = runtime
         self.stats = stats or TickStats()
         self.handover = ChunkHandover()
+        self.supervisor = SafetySupervisor()
 
-    def reset(self) -> None:
+    def activate(self, now_ns: int) -> Review:
+        """Nothing of an earlier activation is executing; policy trajectories may flow (ramped in)."""
         self.handover.reset()
+        return self.supervisor.activate(now_ns)
+
+    def deactivate(self, buffer: InputBuffer, settings: TickSettings, now_ns: int) -> Review:
+        """Hold the arm where it is measured (deactivate, shutdown)."""
+        self.handover.reset()
+        return self.supervisor.deactivate(settings.joint_names, self.measured(buffer, settings, now_ns),
+                                          settings.safety)
+
+    def supervise(self, buffer: InputBuffer, settings: TickSettings, now_ns: int) -> Review:
+        """Operator inputs and the no-trajectory timeout between ticks (on an operator message, each period)."""
+        review = self.supervisor.supervise(buffer.operator_inputs(now_ns), settings.joint_names,
+                                           self.measured(buffer, settings, now_ns), settings.safety, now_ns)
+        if review.kind is PlanKind.HOLD:
+            self.handover.reset()
+        return review
+
+    @staticmethod
+    def measured(buffer: InputBuffer, settings: TickSettings, now_ns: int) -> Measured:
+        return buffer.measured(settings.joint_names, settings.layout.joint_states.topic,
+                               settings.limits.max_joint_state_age_sec, now_ns)
 
     def run(self, buffer: InputBuffer, settings: TickSettings, now_ns: int,
             clock: Optional[Callable[[], int]] = None) -> TickOutcome:
@@ -203,8 +235,33 @@ class TickEngine:
             outcome.plan = self._plan(outcome, settings)
         except SkipTick as skip:
             outcome.skip = skip
+        self._review(outcome, buffer, settings)
         self.stats.record(outcome)
         return outcome
+
+    def fail(self, buffer: InputBuffer, settings: TickSettings, now_ns: int, error: BaseException) -> TickOutcome:
+        """A tick that raised: counted as internal_error and reviewed like any skipped tick (on_fault hold)."""
+        outcome = TickOutcome(now_ns=now_ns, skip=SkipTick(SkipReason.INTERNAL_ERROR, repr(error)))
+        self._review(outcome, buffer, settings)
+        self.stats.record(outcome)
+        return outcome
+
+    def _review(self, outcome: TickOutcome, buffer: InputBuffer, settings: TickSettings) -> None:
+        """The supervisor's say, then the hand-over: a shaped policy plan takes over (its figures measured on
+        what will be executed); a hold, or a plan slowed down in time, leaves nothing to continue."""
+        now_ns = outcome.now_ns
+        outcome.review = review = self.supervisor.review(
+            outcome.plan, outcome.skip.reason if outcome.skip is not None else None, settings.joint_names,
+            buffer.operator_inputs(now_ns),
+            self.measured(buffer, settings, now_ns), settings.safety, now_ns, outcome.publish_ns or now_ns)
+        if review.kind is PlanKind.POLICY and not review.timing_changed:
+            plan, chunk = review.plan, outcome.chunk
+            elapsed = elapsed_actions(outcome.origin_ns, outcome.publish_ns, settings.period_ns)
+            executed = plan.positions[elapsed - plan.first_action:]         # what the controller will execute
+            outcome.handover = self.handover.take_over(
+                ExecutingChunk(outcome.origin_ns, settings.period_ns, elapsed, chunk.actions, executed), elapsed)
+        elif review.kind is not None:
+            self.handover.reset()
 
     def _continuation(self, outcome: TickOutcome, settings: TickSettings) -> Continuation:
         delay = self.handover.delays.estimate(settings.delay_mode, settings.delay_window, settings.delay_steps)
@@ -228,7 +285,7 @@ class TickEngine:
             raise SkipTick(exc.reason, str(exc), settings.layout.topic_of(exc.field)) from exc
 
     def _plan(self, outcome: TickOutcome, settings: TickSettings) -> TrajectoryPlan:
-        """The chunk as a trajectory from its first action not yet due, and the take-over it makes.
+        """The chunk as a trajectory from its first action not yet due.
 
         stamp_mode zero: the elapsed actions are dropped and the rest timed from the publication.
         stamp_mode observation: every point, stamped at the observation; the controller drops the
@@ -253,9 +310,6 @@ class TickEngine:
                               elapsed_sec=0.0 if observation_stamp else (outcome.publish_ns - outcome.origin_ns) / 1e9)
         except TrajectoryError as exc:
             raise SkipTick(SkipReason.INVALID_ACTIONS, f'policy output not published: {exc}') from exc
-        executed = plan.positions[elapsed - first:]      # what the controller will execute
-        outcome.handover = self.handover.take_over(
-            ExecutingChunk(outcome.origin_ns, period_ns, elapsed, chunk.actions, executed), elapsed)
         return plan
 
 

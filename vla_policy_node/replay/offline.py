@@ -20,12 +20,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..observation import InputBuffer, SkipTick, joint_positions
+from ..observation import InputBuffer, InputKind, SkipTick, joint_positions
 from ..params import DEFAULT_TRAJECTORY_TOPIC, ParameterError, load_params_file, resolve_values, validate
 from ..policy.checkpoint import CheckpointError
 from ..policy.config import ConfigError
 from ..policy.tokenizer import TokenizerError
-from ..settings import Configured, configure
+from ..safety import PlanKind, Review
+from ..settings import Configured, absolute_topic, configure
 from ..tick import TickEngine, TickOutcome
 from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
 from .report import ReplayResult, TickRecord, write_report
@@ -56,7 +57,8 @@ class OfflineReplay:
         self.layout = configured.layout
         self.settings = configured.settings
         self.values = dict(values)
-        self.inputs = self.layout.by_topic()
+        # Bags record absolute names; relative defaults (enable, estop) resolve in the root namespace.
+        self.inputs = {absolute_topic(topic): entry for topic, entry in self.layout.by_topic().items()}
         self.period_ns = int(round(NS_PER_SEC / float(self.values['control_rate_hz'])))
         self.buffer = InputBuffer()
         self.engine = TickEngine(self.runtime)
@@ -72,7 +74,8 @@ class OfflineReplay:
         # The replay ticks on the timer grid: a slow simulated tick does not delay the next one.
         outcome: TickOutcome = self.engine.run(self.buffer, self.settings, time_ns,
                                                clock=lambda: time_ns + self.latency_ns)
-        record = TickRecord(time_ns=time_ns)
+        record = TickRecord(time_ns=time_ns, supervisor=self.engine.supervisor.label)
+        self._publish(outcome.review, outcome.publish_ns or time_ns, writer, topic, record)
         if outcome.skip is not None:
             record.skipped = outcome.skip.reason.value
             return record
@@ -80,14 +83,22 @@ class OfflineReplay:
         record.timings_ms = dict(outcome.chunk.timings_ms)
         record.continued = outcome.chunk.continued
         record.handover = outcome.handover
-        plan = outcome.plan
-        record.plan_start_ns = plan.stamp_ns or outcome.publish_ns
-        record.plan_times_sec = plan.times_sec
-        record.plan_positions = plan.positions
-        if not self.values['dry_run']:
-            writer.write(topic, outcome.publish_ns, joint_trajectory(plan))
-            self.engine.stats.record_published()
+        plan = outcome.publish if outcome.review.kind is PlanKind.POLICY else None
+        if plan is not None:
+            record.plan_start_ns = plan.stamp_ns or outcome.publish_ns
+            record.plan_times_sec = plan.times_sec
+            record.plan_positions = plan.positions
         return record
+
+    def _publish(self, review: Review, time_ns: int, writer: BagWriter, topic: str,
+                 record: Optional[TickRecord] = None) -> None:
+        """What the supervisor lets out goes into the output bag at its publication time, as the node sends it."""
+        if review.kind is PlanKind.HOLD and record is not None:
+            record.hold = True
+        if review.plan is None or self.values['dry_run']:
+            return
+        if self.engine.supervisor.release(review, lambda plan: writer.write(topic, time_ns, joint_trajectory(plan))):
+            self.engine.stats.record_published()
 
     def run(self, bag: Path, output: Path, command_topic: Optional[str] = None,
             progress: bool = True) -> ReplayResult:
@@ -110,13 +121,18 @@ class OfflineReplay:
             for message in _progress(messages, progress, bag):
                 if next_tick is None:
                     next_tick = message.timestamp_ns + self.period_ns
+                    self.engine.activate(message.timestamp_ns)       # as the node activates before its ticks
                 # Ticks due before this message see the inputs received so far, as on the robot.
                 while next_tick <= message.timestamp_ns:
                     records.append(self._tick(next_tick, writer, trajectory_topic))
                     next_tick += self.period_ns
                 msg = message.msg
-                if message.topic in self.inputs:
-                    self.buffer.put(self.inputs[message.topic], msg, message.timestamp_ns)
+                entry = self.inputs.get(message.topic)
+                if entry is not None:
+                    self.buffer.put(entry, msg, message.timestamp_ns)
+                    if entry.kind in (InputKind.ENABLE, InputKind.ESTOP):    # an e-stop holds now, as on the robot
+                        self._publish(self.engine.supervise(self.buffer, self.settings, message.timestamp_ns),
+                                      message.timestamp_ns, writer, trajectory_topic)
                 if message.topic == state_topic:
                     recorded_t.append(message.timestamp_ns)
                     recorded_p.append(_recorded_positions(msg, names, state_topic))
@@ -129,7 +145,8 @@ class OfflineReplay:
                               command_times_ns=np.asarray(command_t, dtype=np.int64),
                               command_positions=np.asarray(command_p).reshape(-1, len(names)), summary={})
         result.summary = write_report(result, self.engine.stats, self.runtime, bag=bag, values=self.values,
-                                      command_topic=command_topic, latency_ms=self.latency_ns / 1e6)
+                                      command_topic=command_topic, latency_ms=self.latency_ns / 1e6,
+                                      supervisor=self.engine.supervisor)
         return result
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..handover import HandoverMetrics
 from ..runtime import PolicyRuntime
+from ..safety import SafetySupervisor
 from ..tick import HANDOVER_FIGURES, TickStats
 
 NS_PER_SEC = 1_000_000_000
@@ -28,6 +29,8 @@ class TickRecord:
     plan_positions: Optional[np.ndarray] = None
     continued: bool = False                      # steered by the previous chunk (rtc)
     handover: Optional[HandoverMetrics] = None   # this trajectory taking over from the previous one
+    supervisor: str = 'active'                   # the safety supervisor's state after the tick
+    hold: bool = False                           # a hold trajectory went out at this tick
 
 
 @dataclass
@@ -84,8 +87,24 @@ def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
     return summary
 
 
+def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> Dict[str, Any]:
+    """Holds per reason, interventions per kind (and per kind and joint), ticks spent held."""
+    state, holds, interventions, dropped = supervisor.counters()
+    per_kind: Dict[str, int] = {}
+    for key, count in interventions.items():
+        kind = key.split(':', 1)[0]
+        per_kind[kind] = per_kind.get(kind, 0) + count
+    return {'final_state': state, 'holds': dict(sorted(holds.items())),
+            'hold_trajectories': sum(1 for r in records if r.hold),
+            'ticks_held': sum(1 for r in records if r.supervisor != 'active'),
+            'interventions': dict(sorted(per_kind.items())),
+            'interventions_by_joint': dict(sorted(interventions.items())),
+            'dropped_by_estop': dropped}
+
+
 def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
-              values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0) -> Dict[str, Any]:
+              values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0,
+              supervisor: Optional[SafetySupervisor] = None) -> Dict[str, Any]:
     cache = runtime.cache.stats()
     skipped = dict(sorted(stats.skipped.items()))
     return {
@@ -112,6 +131,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'chunking': values['chunking'],
         'chunks_continued': sum(1 for r in result.records if r.continued),
         'handover': handover_summary(result.records),
+        'safety': safety_summary(supervisor or SafetySupervisor(), result.records),
         'command_topic': command_topic,
         'command_error': command_error(result),
     }
@@ -136,10 +156,12 @@ def plot_chunks(result: ReplayResult, path: Path) -> None:
             due = (record.plan_start_ns - start) / NS_PER_SEC + record.plan_times_sec
             axis.plot(due, record.plan_positions[:, j], color='tab:blue', alpha=0.5, linewidth=0.9,
                       label='predicted chunks' if k == 0 else None)
+        for k, (begin, end) in enumerate(_held_spans(result, start)):
+            axis.axvspan(begin, end, color='tab:red', alpha=0.15, label='held (safety)' if k == 0 else None)
         axis.set_ylabel(f'{name}\n[rad]')
     axes[0, 0].legend(loc='upper right', fontsize='small')
     axes[-1, 0].set_xlabel('bag time [s]')
-    fig.suptitle('predicted action chunks vs recorded joints')
+    fig.suptitle('published action chunks vs recorded joints')
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -166,6 +188,22 @@ def plot_latency(result: ReplayResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _held_spans(result: ReplayResult, start: int) -> List[tuple]:
+    """[(begin_sec, end_sec)] of consecutive ticks the supervisor spent held or in e-stop."""
+    spans, begin = [], None
+    period = np.median(np.diff([r.time_ns for r in result.records])) if len(result.records) > 1 else 0
+    for record in result.records:
+        held = record.supervisor != 'active'
+        if held and begin is None:
+            begin = record.time_ns
+        elif not held and begin is not None:
+            spans.append(((begin - start) / NS_PER_SEC, (record.time_ns - start) / NS_PER_SEC))
+            begin = None
+    if begin is not None:
+        spans.append(((begin - start) / NS_PER_SEC, (result.records[-1].time_ns + period - start) / NS_PER_SEC))
+    return spans
 
 
 def _start_ns(result: ReplayResult) -> int:
@@ -206,8 +244,9 @@ def plot_handovers(result: ReplayResult, path: Path) -> None:
 
 
 def write_report(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
-                 values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0) -> Dict[str, Any]:
-    summary = summarize(result, stats, runtime, bag, values, command_topic, latency_ms)
+                 values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0,
+                 supervisor: Optional[SafetySupervisor] = None) -> Dict[str, Any]:
+    summary = summarize(result, stats, runtime, bag, values, command_topic, latency_ms, supervisor)
     (result.output / 'summary.json').write_text(json.dumps(summary, indent=2) + '\n')
     plot_chunks(result, result.output / 'chunks.png')
     plot_latency(result, result.output / 'latency.png')

@@ -8,7 +8,7 @@ from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Bool, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..cache import CacheStats
@@ -19,7 +19,7 @@ from ..trajectory import TrajectoryPlan
 
 NS_PER_SEC = 1_000_000_000
 MESSAGE_CLASSES = {'sensor_msgs/msg/Image': Image, 'sensor_msgs/msg/CompressedImage': CompressedImage,
-                   'sensor_msgs/msg/JointState': JointState, 'std_msgs/msg/String': String}
+                   'sensor_msgs/msg/JointState': JointState, 'std_msgs/msg/String': String, 'std_msgs/msg/Bool': Bool}
 
 
 def input_msg_class(entry: InputTopic) -> type:
@@ -28,7 +28,10 @@ def input_msg_class(entry: InputTopic) -> type:
 
 
 def input_qos(entry: InputTopic, instruction_durability: str) -> QoSProfile:
-    """Sensor data (best effort) for cameras and joint states; the instruction reliable, with the durability asked."""
+    """Sensor data (best effort) for cameras and joint states; the operator's enable and e-stop reliable (an
+    e-stop must not be dropped); the instruction reliable, with the durability asked."""
+    if entry.kind in (InputKind.ENABLE, InputKind.ESTOP):
+        return QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
     if entry.kind is not InputKind.INSTRUCTION:
         return qos_profile_sensor_data
     durability = (DurabilityPolicy.TRANSIENT_LOCAL if instruction_durability == 'transient_local'
@@ -75,6 +78,10 @@ class PolicyReport:
     camera_ages: Dict[str, float] = field(default_factory=dict)
     hardware_id: str = 'none'          # the device, once configured
     cache: Optional[CacheStats] = None
+    supervisor: str = ''               # 'active', 'held: <reason>' or 'estop' (configured nodes)
+    holds: Dict[str, int] = field(default_factory=dict)           # reason -> entries into the held state
+    interventions: Dict[str, int] = field(default_factory=dict)   # '<kind>:<joint>' -> points changed
+    dropped: int = 0                   # policy trajectories an e-stop overtook before publication
 
     def with_runtime(self, runtime: Optional[PolicyRuntime]) -> 'PolicyReport':
         """Add what drives the arm (policy, device, dtype, weights revision) and the cache figures."""
@@ -90,6 +97,10 @@ class PolicyReport:
 def _level_and_message(report: PolicyReport) -> Tuple[bytes, str]:
     if report.configure_error:
         return DiagnosticStatus.ERROR, f'unconfigured: {report.configure_error}'
+    if report.supervisor == 'estop':
+        return DiagnosticStatus.ERROR, f'{report.lifecycle}; e-stop latched (call ~/reset_estop once released)'
+    if report.supervisor.startswith('held') and report.lifecycle == 'active':
+        return DiagnosticStatus.WARN, f'{report.lifecycle}; {report.supervisor}'
     if report.new_skips:
         return DiagnosticStatus.WARN, (f'{report.lifecycle}; {report.new_skips} tick(s) skipped, '
                                        f'last: {report.stats.last_skip}')
@@ -100,6 +111,11 @@ def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
     """One DiagnosticStatus with latency percentiles, cache figures, skips and camera ages."""
     stats = report.stats
     pairs = [('lifecycle_state', report.lifecycle)] + list(report.info.items())
+    if report.supervisor:
+        pairs += [('supervisor_state', report.supervisor), ('trajectories_dropped_by_estop', report.dropped)]
+        pairs += [(f'holds_{reason}', count) for reason, count in sorted(report.holds.items())]
+        pairs += [(f'intervention_{key.replace(":", "_")}', count)
+                  for key, count in sorted(report.interventions.items())]
     pairs += [('ticks', stats.ticks), ('chunks_computed', stats.chunks), ('chunks_published', stats.published),
               ('chunks_clipped', stats.clipped), ('ticks_skipped', stats.skipped_total)]
     pairs += [(f'skipped_{reason}', count) for reason, count in sorted(stats.skipped.items())]

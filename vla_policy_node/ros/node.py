@@ -11,16 +11,19 @@ from typing import Any, List, Optional
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.clock import Clock, ClockType
+from std_srvs.srv import Trigger
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from trajectory_msgs.msg import JointTrajectory
 
-from ..observation import InputBuffer, InputTopic, SkipReason, SkipTick
+from ..observation import InputBuffer, InputKind, InputTopic, SkipReason
 from ..params import NODE_NAME
 from ..runtime import PolicyRuntime
 from ..settings import Configured, configure, tick_settings
-from ..tick import ThrottledReporter, TickEngine, TickOutcome, TickStats
-from .messages import PolicyReport, diagnostics_msg, input_msg_class, input_qos, trajectory_msg
+from ..safety import Review
+from ..tick import ThrottledReporter, TickEngine, TickSettings, TickStats
+from .messages import PolicyReport, diagnostics_msg, input_msg_class, input_qos
+from .output import TrajectoryOutput
 from .parameters import NodeParameters
 from .tick_worker import TickWorker
 
@@ -44,6 +47,8 @@ class VlaPolicyNode(LifecycleNode):
         self._configure_error = ''
         self._skips_at_last_diagnostics = 0
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+        self._output: Optional[TrajectoryOutput] = None
+        self.create_service(Trigger, '~/reset_estop', self._reset_estop)
         # On the steady clock: under use_sim_time, ROS time stands still until /clock (and after a bag ends),
         # which is exactly when an operator needs to read why nothing happens.
         self._diagnostics_timer = self.create_timer(self.params.value('diagnostics_period_sec'),
@@ -85,12 +90,14 @@ class VlaPolicyNode(LifecycleNode):
                 input_qos(entry, self.params.value('instruction_durability'))))
         self._trajectory_pub = self.create_lifecycle_publisher(
             JointTrajectory, self.params.value('trajectory_topic'), TRAJECTORY_QOS)
+        self._output = TrajectoryOutput(self.get_logger(), self._trajectory_pub, self._engine.supervisor,
+                                        self.stats, self._reporter)
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Start the tick thread and the control timer; SUCCESS leaves the node publishing trajectories."""
         rate = float(self.params.value('control_rate_hz'))
-        self._engine.reset()                      # nothing of an earlier activation is executing now
+        self._emit(self._engine.activate(self._now_ns()))
         self._worker = TickWorker(self._on_tick, self._on_tick_error)
         self._timer = self.create_timer(1.0 / rate, self._on_timer)
         self.get_logger().info(f'active: {rate:g} Hz on {self.params.value("trajectory_topic")}'
@@ -98,8 +105,9 @@ class VlaPolicyNode(LifecycleNode):
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Stop the timer, let the tick in flight finish; SUCCESS leaves inputs flowing, nothing published."""
-        self.stop_ticks()
+        """Stop the timer, let the tick in flight finish, hold the arm; SUCCESS leaves inputs flowing, nothing
+        more published."""
+        self.hold_and_stop()
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -116,6 +124,12 @@ class VlaPolicyNode(LifecycleNode):
         """A transition raised: drop everything; SUCCESS leaves the node unconfigured, ready to configure again."""
         self._release()
         return TransitionCallbackReturn.SUCCESS
+
+    def hold_and_stop(self) -> None:
+        """No more ticks, then (if it was publishing) one hold trajectory: before deactivating or shutting down."""
+        self.stop_ticks()
+        if self._engine is not None and self._trajectory_pub is not None and self._trajectory_pub.is_activated:
+            self._emit(self._engine.deactivate(self.buffer, self._settings(), self._now_ns()))
 
     def stop_ticks(self) -> None:
         """No more ticks: the timer goes and the tick in flight finishes (also before destroying the node)."""
@@ -145,41 +159,62 @@ class VlaPolicyNode(LifecycleNode):
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 
+    def _settings(self) -> TickSettings:
+        return tick_settings(self.params.values(), self.configured.layout)
+
+    def _emit(self, review: Review) -> None:
+        self._output.emit(review, bool(self.params.value('dry_run')))
+
     def _store_callback(self, entry: InputTopic):
+        operator = entry.kind in (InputKind.ENABLE, InputKind.ESTOP)
+
         def store(msg: Any) -> None:
             self.buffer.put(entry, msg, self._now_ns())
+            if operator:
+                self._supervise()                 # an e-stop holds now, not at the next tick
         return store
 
+    def _supervise(self) -> None:
+        """Operator inputs and the no-trajectory timeout, also when no tick runs (a stuck inference)."""
+        if self._engine is not None and self._worker is not None:
+            self._emit(self._engine.supervise(self.buffer, self._settings(), self._now_ns()))
+
     def _on_timer(self) -> None:
-        """Executor thread: apply live settings that touch ROS objects, then wake the tick thread."""
+        """Executor thread: live settings that touch ROS objects, supervision, then wake the tick thread."""
         self._apply_live_settings()
+        self._supervise()
         if self._worker is not None:
             self._worker.request()
 
     def _on_tick(self) -> None:
-        """Tick thread: one observation -> one trajectory (or a counted, logged skip)."""
-        engine, configured = self._engine, self.configured
-        if engine is None or configured is None:
+        """Tick thread: one observation -> one trajectory, a hold, or a counted, logged skip."""
+        engine = self._engine
+        if engine is None or self.configured is None:
             return
-        values = self.params.values()
-        outcome = engine.run(self.buffer, tick_settings(values, configured.layout), self._now_ns(), clock=self._now_ns)
-        if outcome.skip is not None:
-            if self._reporter.should_report(f'{outcome.skip.reason}:{outcome.skip.topic}'):
-                self.get_logger().warning(f'tick skipped {outcome.skip.describe()}')
-            return
-        plan = outcome.plan
-        if values['dry_run']:
-            if self._reporter.should_report('dry_run'):
-                self.get_logger().info(f'dry_run: would publish {len(plan.times_sec)} points; first '
-                                       f'{[round(float(v), 3) for v in plan.positions[0]]}')
-            return
-        self._trajectory_pub.publish(trajectory_msg(plan))
-        self.stats.record_published()
+        outcome = engine.run(self.buffer, self._settings(), self._now_ns(), clock=self._now_ns)
+        if outcome.skip is not None and self._reporter.should_report(f'{outcome.skip.reason}:{outcome.skip.topic}'):
+            self.get_logger().warning(f'tick skipped {outcome.skip.describe()}')
+        self._emit(outcome.review)
 
     def _on_tick_error(self, exc: BaseException) -> None:
-        self.stats.record(TickOutcome(now_ns=self._now_ns(), skip=SkipTick(SkipReason.INTERNAL_ERROR, repr(exc))))
         if self._reporter.should_report(SkipReason.INTERNAL_ERROR.value):
             self.get_logger().error(f'tick failed, nothing published: {exc!r}')
+        if self._engine is not None:
+            self._emit(self._engine.fail(self.buffer, self._settings(), self._now_ns(), exc))
+
+    def _reset_estop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self._engine is None:
+            response.success, response.message = False, 'not configured'
+        else:
+            now_ns = self._now_ns()
+            response.success, response.message = self._engine.supervisor.reset_estop(
+                self.buffer.operator_inputs(now_ns), now_ns)
+        # rclpy ties one severity to each logging call site: two calls, not one with a chosen method.
+        if response.success:
+            self.get_logger().warning(f'reset_estop: {response.message}')
+        else:
+            self.get_logger().info(f'reset_estop refused: {response.message}')
+        return response
 
     def _apply_live_settings(self) -> None:
         """Live parameters that are more than a value read at the tick (executor thread only)."""
@@ -201,4 +236,6 @@ class VlaPolicyNode(LifecycleNode):
                               configure_error=self._configure_error, new_skips=new_skips, stats=stats,
                               info={'dry_run': self.params.value('dry_run')},
                               camera_ages=self.buffer.camera_ages(now_ns)).with_runtime(runtime)
+        if self._engine is not None:
+            report.supervisor, report.holds, report.interventions, report.dropped = self._engine.supervisor.counters()
         self._diagnostics_pub.publish(diagnostics_msg(now_ns, report))
