@@ -281,7 +281,7 @@ class SafetySupervisor:
             self._last_valid_ns = now_ns
             if measured.positions is None:
                 # A policy plan without a fresh joint state cannot be checked against where the arm is.
-                if settings.max_position_step or settings.ramp_in_sec > 0:
+                if settings.max_position_step or settings.max_velocity or settings.ramp_in_sec > 0:
                     self._enter_hold(HoldReason.INPUT_FAULT, joint_names, measured, settings, review,
                                      f'cannot check the trajectory: {measured.problem}')
                     return review

@@ -27,7 +27,10 @@ def main(args: Optional[List[str]] = None) -> int:
         pass
     finally:
         if node is not None:
-            node.stop_ticks()
+            try:
+                node.hold_and_stop()          # the arm stays where it is, not at the end of the last chunk
+            except Exception as exc:          # the context may already be shut down by the signal
+                node.get_logger().warning(f'no hold published at shutdown: {exc!r}')
             node.destroy_node()
         rclpy.try_shutdown()
     return 0
