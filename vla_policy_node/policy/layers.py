@@ -6,7 +6,7 @@ G = H // K queries per kv head, D head dim, W width.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,76 @@ class AdaptiveRMSNorm(nn.Module):
         return out.type_as(x), gate.type_as(x)
 
 
+class FusedProjection:
+    """Several ``nn.Linear`` that read the same input, run as one GEMM.
+
+    Fusing concatenates the weights (and biases) into one [sum(out), in] tensor and
+    turns each module's parameter into a row view of it: the weights are held once,
+    ``state_dict`` keeps lerobot's keys and tensors, and an in-place write to a
+    parameter reaches the fused GEMM. Anything that gives a parameter new storage
+    (``.to()``, ``param.data = ...``, ``deepcopy``, ``load_state_dict(assign=True)``)
+    leaves the views behind; the next call notices (storage addresses) and fuses again
+    from the current parameters, so the GEMM never runs on stale weights. The loader
+    fuses right after loading (``fuse_projections``) so that this happens at load time,
+    not in the first control tick. Deliberately not an ``nn.Module``: it owns no
+    parameters and adds no state_dict entries.
+    """
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        self.linears = linears
+        self.weight: Optional[torch.Tensor] = None
+        self.bias: Optional[torch.Tensor] = None
+        self._views: List[Tuple[nn.Linear, str, int]] = []   # (module, parameter name, expected address)
+
+    def fuse(self) -> None:
+        # inference_mode(False): the fused tensors become parameter storage, which must stay usable outside it.
+        with torch.inference_mode(False), torch.no_grad():
+            self.weight = _concatenate_into_views([linear.weight for linear in self.linears])
+            has_bias = all(linear.bias is not None for linear in self.linears)
+            self.bias = _concatenate_into_views([linear.bias for linear in self.linears]) if has_bias else None
+        names = ('weight', 'bias') if has_bias else ('weight',)
+        self._views = [(linear, name, linear._parameters[name].data_ptr())
+                       for linear in self.linears for name in names]
+
+    def _views_current(self) -> bool:
+        """True while every parameter is still its block of the fused tensors (a dict lookup and an address each)."""
+        for linear, name, address in self._views:
+            if linear._parameters[name].data_ptr() != address:
+                return False
+        return True
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., sum(out)]: the linears' outputs side by side, from one GEMM."""
+        # Under torch.compile the storage check would break the graph; a compiled caller fuses first.
+        if self.weight is None or not (_compiling() or self._views_current()):
+            self.fuse()
+        return F.linear(x, self.weight, self.bias)
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, 'compiler', None)
+    return bool(compiler is not None and hasattr(compiler, 'is_compiling') and compiler.is_compiling())
+
+
+def _concatenate_into_views(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """cat(params) along dim 0; each parameter then holds its row block of the result (no second copy)."""
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for param in params:
+        param.data = fused[start:start + param.shape[0]]
+        start += param.shape[0]
+    return fused
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """Fuse q/k/v and gate/up of every block that supports it (call once after loading the weights)."""
+    for module in model.modules():
+        for attribute in list(vars(module).values()):
+            if isinstance(attribute, FusedProjection):
+                attribute.fuse()
+    return model
+
+
 class GemmaMLP(nn.Module):
     """down(gelu_tanh(gate(x)) * up(x))."""
 
@@ -61,9 +131,11 @@ class GemmaMLP(nn.Module):
         self.gate_proj = nn.Linear(width, mlp_dim, bias=False)
         self.up_proj = nn.Linear(width, mlp_dim, bias=False)
         self.down_proj = nn.Linear(mlp_dim, width, bias=False)
+        self.gate_up = FusedProjection(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate='tanh') * self.up_proj(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)                      # each [..., mlp_dim]
+        return self.down_proj(F.gelu(gate, approximate='tanh') * up)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
