@@ -34,14 +34,13 @@ class GemmaSelfAttention(nn.Module):
 
     def project_qkv(self, h: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [B, S, W] -> q [B, H, S, D], k and v [B, K, S, D], RoPE applied to q and k."""
+        """h [B, S, W]; cos, sin [B, S, 1, D] -> q [B, H, S, D], k and v [B, K, S, D], RoPE on q and k."""
         batch, seq, _ = h.shape
-        q, k, v = self.qkv(h).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-                                     self.num_kv_heads * self.head_dim], dim=-1)   # [B, S, H*D], [B, S, K*D] x2
-        q = q.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(h).view(batch, seq, heads + 2 * kv_heads, self.head_dim)   # [B, S, H+2K, D]
+        qk = apply_rope(qkv[:, :, :heads + kv_heads], cos, sin)                   # q and k heads in one pass
+        q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+        return q, k, qkv[:, :, heads + kv_heads:].transpose(1, 2)
 
     def project_out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn [B, H, S, D] -> [B, S, W]."""

@@ -18,8 +18,23 @@ from torch import nn
 ATTENTION_MASK_VALUE = -2.3819763e38
 
 
+def _rms_normalize(x: torch.Tensor, eps: float, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) [* weight] over the last dim, in x's dtype (fp32 here)."""
+    if _HAS_RMS_NORM:  # one fused kernel where torch has it (>= 2.4), same order of operations
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return normed if weight is None else normed * weight
+
+
+_HAS_RMS_NORM = hasattr(F, 'rms_norm')
+
+
 class RMSNorm(nn.Module):
-    """Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), computed in fp32."""
+    """Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), computed in fp32, rounded once to x's dtype.
+
+    As lerobot's PiGemmaRMSNorm (policies/pi_gemma.py, lerobot 7427f318): (1 + w) is
+    applied in fp32 before the cast. For fp32 activations no cast happens at all.
+    """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -27,9 +42,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).type_as(x)
+        return _rms_normalize(x.float(), self.eps, 1.0 + self.weight.float()).type_as(x)
 
 
 class AdaptiveRMSNorm(nn.Module):
@@ -45,8 +58,7 @@ class AdaptiveRMSNorm(nn.Module):
         self.dense = nn.Linear(cond_dim, 3 * dim)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        normed = _rms_normalize(x.float(), self.eps)
         modulation = self.dense(cond.to(self.dense.weight.dtype)).float()  # [B, 3W]
         scale, shift, gate = modulation[:, None, :].chunk(3, dim=-1)        # each [B, 1, W]
         out = normed * (1.0 + scale) + shift
@@ -139,16 +151,24 @@ class GemmaMLP(nn.Module):
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables for integer positions [B, S] -> cos, sin [B, 1, S, D] in fp32."""
+    """Rotary tables for integer positions [B, S] -> cos, sin [B, S, 1, D] in fp32 (once per pass).
+
+    Laid out for activations [B, S, heads, D] (heads before the transpose), so one
+    call rotates the query and key heads of a fused projection together.
+    """
     half = head_dim // 2
     inv_freq = 1.0 / (theta ** (torch.arange(0, half, device=positions.device, dtype=torch.float32) * 2.0 / head_dim))
     angles = positions.float()[..., None] * inv_freq                 # [B, S, D/2]
-    angles = torch.cat([angles, angles], dim=-1)[:, None]            # [B, 1, S, D]
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None]         # [B, S, 1, D]
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on [B, heads, S, D], in fp32, result in x's dtype."""
+    """Rotate-half RoPE on [B, S, heads, D] with tables [B, S, 1, D], in fp32, result in x's dtype.
+
+    fp32 where lerobot rotates in bf16 (modeling_gemma.apply_rotary_pos_emb on bf16
+    tables): openpi's order, and the smaller bf16 error; a no-op cast in fp32.
+    """
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
