@@ -8,9 +8,10 @@ from safetensors.torch import load_file
 from vla_policy_node.policy.checkpoint import load_checkpoint, save_checkpoint
 from vla_policy_node.policy.config import GemmaSize, preset
 from vla_policy_node.policy.gemma import GemmaSelfAttention
-from vla_policy_node.policy.layers import GemmaMLP, fuse_projections, rope_cos_sin
+from vla_policy_node.policy.layers import FusedProjection, GemmaMLP, fuse_projections, rope_cos_sin
 from vla_policy_node.policy.pi0 import PiZeroModel
 from vla_policy_node.policy.tiny_default import statistics
+from test_model_parity import ref_rope  # lerobot's rotate-half RoPE, written out
 
 SIZE = GemmaSize(width=64, depth=1, mlp_dim=96, num_heads=4, num_kv_heads=1, head_dim=16)
 
@@ -68,35 +69,60 @@ def test_fused_attention_and_mlp_match_separate_projections():
     torch.manual_seed(0)
     attention, mlp = GemmaSelfAttention(SIZE), GemmaMLP(SIZE.width, SIZE.mlp_dim)
     x = torch.randn(2, 7, SIZE.width)
-    cos, sin = rope_cos_sin(torch.arange(7)[None].expand(2, -1), SIZE.head_dim, 10000.0)
-    expected_qkv = [F.linear(x, lin.weight.detach().clone()) for lin in (attention.q_proj, attention.k_proj,
-                                                                         attention.v_proj)]
+    positions = torch.arange(3, 10)[None].expand(2, -1)
+    cos, sin = rope_cos_sin(positions, SIZE.head_dim, 10000.0)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:  # [B, S, n * D] -> [B, n, S, D]
+        return t.view(2, 7, -1, SIZE.head_dim).transpose(1, 2)
+
+    q_ref, k_ref, v_ref = (heads(F.linear(x, lin.weight.detach().clone()))
+                           for lin in (attention.q_proj, attention.k_proj, attention.v_proj))
+    expected = (ref_rope(q_ref, positions, 10000.0), ref_rope(k_ref, positions, 10000.0), v_ref)
     expected_mlp = mlp_reference(mlp, x)
     fuse_projections(attention)
     fuse_projections(mlp)
     with torch.no_grad():
-        q, k, v = attention.project_qkv(x, cos, sin)
-        torch.testing.assert_close(v.transpose(1, 2).flatten(2), expected_qkv[2], atol=1e-6, rtol=1e-6)
+        for got, want in zip(attention.project_qkv(x, cos, sin), expected):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(mlp(x), expected_mlp, atol=1e-6, rtol=1e-6)
-    assert q.shape == (2, SIZE.num_heads, 7, SIZE.head_dim) and k.shape == (2, SIZE.num_kv_heads, 7, SIZE.head_dim)
+
+
+def separate(projection: FusedProjection, x: torch.Tensor) -> torch.Tensor:
+    parts = [F.linear(x, lin.weight.detach().clone(), lin.bias.detach().clone()) for lin in projection.linears]
+    return torch.cat(parts, dim=-1)
 
 
 def test_fused_projection_follows_the_parameters():
     """In-place edits reach the fused GEMM; new storage (assignment, .to(), deepcopy, assign-load) is re-fused."""
     torch.manual_seed(1)
-    mlp = fuse_projections(GemmaMLP(SIZE.width, SIZE.mlp_dim))
+    block = torch.nn.ModuleDict({'a': torch.nn.Linear(SIZE.width, 24), 'b': torch.nn.Linear(SIZE.width, 8)})
+    projection = FusedProjection(block['a'], block['b'])
+    block.projection = projection
+    fuse_projections(block)
     x = torch.randn(3, SIZE.width)
     with torch.no_grad():
-        mlp.gate_proj.weight.mul_(2.0)                                    # in place: the view writes through
-        torch.testing.assert_close(mlp(x), mlp_reference(mlp, x), atol=1e-6, rtol=1e-6)
-        mlp.up_proj.weight.data = torch.randn_like(mlp.up_proj.weight)  # new storage for one part
-        torch.testing.assert_close(mlp(x), mlp_reference(mlp, x), atol=1e-6, rtol=1e-6)
-        twin = copy.deepcopy(mlp)
-        twin.gate_proj.weight.zero_()
-        torch.testing.assert_close(twin(x), mlp_reference(twin, x), atol=1e-6, rtol=1e-6)
-        assert not torch.allclose(twin(x), mlp(x))                        # the copy shares nothing with the original
-        state = {key: torch.randn_like(value) for key, value in mlp.state_dict().items()}
-        mlp.load_state_dict(state, assign=True)
-        torch.testing.assert_close(mlp(x), mlp_reference(mlp, x), atol=1e-6, rtol=1e-6)
-        doubled = mlp.to(torch.float64)
-        torch.testing.assert_close(doubled(x.double()), mlp_reference(doubled, x.double()))
+        torch.testing.assert_close(projection(x), separate(projection, x), atol=1e-6, rtol=1e-6)
+        block['a'].weight.mul_(2.0)                                        # in place: the view writes through
+        block['b'].bias.add_(1.0)
+        torch.testing.assert_close(projection(x), separate(projection, x), atol=1e-6, rtol=1e-6)
+        block['b'].weight.data = torch.randn_like(block['b'].weight)      # new storage for one part
+        torch.testing.assert_close(projection(x), separate(projection, x), atol=1e-6, rtol=1e-6)
+        twin = copy.deepcopy(block)
+        twin['a'].weight.zero_()
+        torch.testing.assert_close(twin.projection(x), separate(twin.projection, x), atol=1e-6, rtol=1e-6)
+        assert not torch.allclose(twin.projection(x), projection(x))      # the copy shares nothing with the original
+        state = {key: torch.randn_like(value) for key, value in block.state_dict().items()}
+        block.load_state_dict(state, assign=True)
+        torch.testing.assert_close(projection(x), separate(projection, x), atol=1e-6, rtol=1e-6)
+        block.to(torch.float64)
+        torch.testing.assert_close(projection(x.double()), separate(projection, x.double()))
+
+
+def test_the_mlp_gate_up_gemm_matches_its_halves():
+    """GPUs run gate and up as one GEMM, CPUs as two (faster there): both give the same numbers."""
+    torch.manual_seed(2)
+    mlp = fuse_projections(GemmaMLP(SIZE.width, SIZE.mlp_dim))
+    x = torch.randn(2, 5, SIZE.width)
+    with torch.no_grad():
+        torch.testing.assert_close(mlp.gate_up(x), torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1),
+                                   atol=1e-6, rtol=1e-6)
