@@ -18,15 +18,16 @@ from torch import nn
 ATTENTION_MASK_VALUE = -2.3819763e38
 
 
+# F.rms_norm (torch >= 2.4): one fused kernel on GPUs, same order of operations as the formula below.
+_HAS_RMS_NORM = hasattr(F, 'rms_norm')
+
+
 def _rms_normalize(x: torch.Tensor, eps: float, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) [* weight] over the last dim, in x's dtype (fp32 here)."""
-    if _HAS_RMS_NORM:  # one fused kernel where torch has it (>= 2.4), same order of operations
+    if _HAS_RMS_NORM:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return normed if weight is None else normed * weight
-
-
-_HAS_RMS_NORM = hasattr(F, 'rms_norm')
 
 
 class RMSNorm(nn.Module):
