@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from .config import GemmaSize
-from .layers import AdaptiveRMSNorm, GemmaMLP, RMSNorm, apply_rope, fold_mask, grouped_query_attention
+from .layers import (AdaptiveRMSNorm, FusedProjection, GemmaMLP, RMSNorm, apply_rope, fold_mask,
+                     grouped_query_attention)
 
 
 class GemmaSelfAttention(nn.Module):
@@ -29,15 +30,17 @@ class GemmaSelfAttention(nn.Module):
         self.k_proj = nn.Linear(size.width, size.num_kv_heads * size.head_dim, bias=False)
         self.v_proj = nn.Linear(size.width, size.num_kv_heads * size.head_dim, bias=False)
         self.o_proj = nn.Linear(size.num_heads * size.head_dim, size.width, bias=False)
+        self.qkv = FusedProjection(self.q_proj, self.k_proj, self.v_proj)
 
     def project_qkv(self, h: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [B, S, W] -> q [B, H, S, D], k and v [B, K, S, D], RoPE applied to q and k."""
+        """h [B, S, W]; cos, sin [B, S, 1, D] -> q [B, H, S, D], k and v [B, K, S, D], RoPE on q and k."""
         batch, seq, _ = h.shape
-        q = self.q_proj(h).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(h).view(batch, seq, heads + 2 * kv_heads, self.head_dim)   # [B, S, H+2K, D]
+        qk = apply_rope(qkv[:, :, :heads + kv_heads], cos, sin)                   # q and k heads in one pass
+        q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+        return q, k, qkv[:, :, heads + kv_heads:].transpose(1, 2)
 
     def project_out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn [B, H, S, D] -> [B, S, W]."""

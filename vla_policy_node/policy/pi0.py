@@ -171,7 +171,7 @@ class PiZeroModel(nn.Module):
     def _suffix_layout(self, context: PrefixContext) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions (as RoPE tables) and the additive mask of the suffix, fixed for a whole chunk.
 
-        Returns cos, sin [B, 1, S, D] and the folded mask [B, 1, G*S, P+S].
+        Returns cos, sin [B, S, 1, D] and the folded mask [B, 1, G*S, P+S].
         """
         cfg = self.config
         batch, prefix_len = context.pad_mask.shape
