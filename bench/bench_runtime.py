@@ -134,7 +134,8 @@ def hit_overhead_ms(runtime: PolicyRuntime, repeats: int = 200) -> Dict[str, flo
     """The hit path outside the model, stage by stage, for three 640x480 rgb8 cameras."""
     config = runtime.config
     observation = Observation(camera_frames(config.camera_names, seed=4), np.zeros(config.state_dim), INSTRUCTION)
-    slots, _, tokens, token_mask = runtime._prepare(observation)
+    prepared = runtime._prepare(observation)
+    slots, tokens, token_mask = prepared.slots, prepared.tokens, prepared.token_mask
     key = runtime._keys.key(slots, tokens, token_mask)
     actions = np.zeros((config.chunk_size, config.action_dim), dtype=np.float32)
     joints = [f'joint_{i}' for i in range(config.action_dim)]
