@@ -8,8 +8,10 @@ other elementwise work (well under 1% of the total at pi0 sizes).
 
     prefix  = SigLIP over every camera slot + projector + language model over P tokens
               (the last language layer only projects K/V: nothing reads its output)
-    denoise = num_steps x (suffix embedding + expert over S tokens against P + S keys
-              + output projection)
+    denoise = once per chunk: pi0's state token through the expert (its K/V do not depend on the
+              step; the last layer only projects K/V) and the time terms of every step
+              + num_steps x (action embedding + expert over H action tokens against all
+              P (+1) + H keys + output projection)
 """
 from __future__ import annotations
 
@@ -53,18 +55,21 @@ def prefix_flops(config: PolicyConfig) -> int:
     return vision_flops(config) + (lm.depth - 1) * _gemma_block(prefix, prefix, lm) + _qkv(prefix, lm)
 
 
-def denoise_step_flops(config: PolicyConfig) -> int:
+def denoise_flops(config: PolicyConfig, num_steps: int) -> int:
     ex = config.expert
-    suffix, horizon, width = config.suffix_len, config.chunk_size, ex.width
-    flops = ex.depth * _gemma_block(suffix, config.prefix_len + suffix, ex)
-    flops += _linear(horizon, config.max_action_dim, width) + _linear(horizon, width, config.max_action_dim)
+    horizon, width, prefix = config.chunk_size, ex.width, config.prefix_len
+    state = 1 if config.policy_type == 'pi0' else 0
+    per_step = ex.depth * _gemma_block(horizon, prefix + state + horizon, ex)
+    per_step += _linear(horizon, config.max_action_dim, width) + _linear(horizon, width, config.max_action_dim)
     if config.policy_type == 'pi0':
-        flops += _linear(horizon, 2 * width, width) + _linear(horizon, width, width)   # action-time MLP
+        per_step += 2 * _linear(horizon, width, width)      # action half of the action-time MLP, and its output
+        once = (ex.depth - 1) * _gemma_block(1, prefix + 1, ex) + _qkv(1, ex)   # the state token
+        once += _linear(1, config.max_state_dim, width) + _linear(num_steps + 1, width, width)   # time halves
     else:
-        # time MLP, and one adaptive-norm dense layer per norm (2 per block + the final one)
-        flops += 2 * _linear(1, width, width) + (2 * ex.depth + 1) * _linear(1, width, 3 * width)
-    return flops
+        per_step += (2 * ex.depth + 1) * _linear(1, width, 3 * width)   # one adaptive-norm dense layer per norm
+        once = 2 * _linear(num_steps + 1, width, width)                  # the time MLP, every step's condition
+    return once + num_steps * per_step
 
 
 def stage_flops(config: PolicyConfig, num_steps: int) -> Dict[str, int]:
-    return {'prefix': prefix_flops(config), 'denoise': num_steps * denoise_step_flops(config)}
+    return {'prefix': prefix_flops(config), 'denoise': denoise_flops(config, num_steps)}
