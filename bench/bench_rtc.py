@@ -1,6 +1,7 @@
 """Real-time chunking benchmark: hand-over smoothness on the sample bag, and what guidance costs.
 
     python bench/bench_rtc.py                 # tiny pi0 + the demo's 6 s sample bag, CPU (about a minute)
+    python bench/bench_rtc.py --no-replay --device cuda --dtype bfloat16 --presets pi0   # guidance cost on a GPU
 
 1. The demo's sample bag through vla_policy_replay (the node's own tick) with
    chunking independent and rtc, at several simulated latencies: the hand-over
@@ -30,16 +31,19 @@ if str(ROOT) not in sys.path:
 from bench_runtime import camera_frames, random_runtime  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.policy.rtc import RTCSettings  # noqa: E402
-from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
 from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer  # noqa: E402
 from vla_policy_node.policy.tokenizer import PromptTokenizer  # noqa: E402
-from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag  # noqa: E402
-from vla_policy_node.replay.offline import replay  # noqa: E402
+from vla_policy_node.runtime import resolve_device, resolve_dtype  # noqa: E402
 
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
 
 
 def handover_table(work: Path, latencies_ms) -> None:
+    # The replay needs rosbags; imported here so --no-replay runs where only torch is installed.
+    from vla_policy_node.policy.tiny_default import write_tiny_default
+    from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag
+    from vla_policy_node.replay.offline import replay
+
     checkpoint = write_tiny_default(work / 'tiny_pi0')
     bag = write_sample_bag(work / 'bag', SampleBagSpec(duration_sec=6.0))
     print('hand-over on the sample bag (tiny pi0, 10 Hz ticks, 0.1 s actions, execute_steps 10), radians:')
@@ -55,8 +59,9 @@ def handover_table(work: Path, latencies_ms) -> None:
                   f"{overlap['p50']:.4f} | {overlap['p95']:.4f} | {result.summary['chunks_continued']} |")
 
 
-def guidance_cost(preset_name: str, depth: int, runs: int, tokenizer: PromptTokenizer) -> None:
-    runtime = random_runtime(preset_name, torch.device('cpu'), torch.float32, tokenizer, depth)
+def guidance_cost(preset_name: str, depth: int, runs: int, tokenizer: PromptTokenizer, device: torch.device,
+                  dtype: torch.dtype) -> None:
+    runtime = random_runtime(preset_name, device, dtype, tokenizer, depth)
     config = runtime.config
     observation = Observation(camera_frames(config.camera_names, seed=1), np.zeros(config.state_dim),
                               'pick up the red block')
@@ -70,7 +75,8 @@ def guidance_cost(preset_name: str, depth: int, runs: int, tokenizer: PromptToke
         assert chunk.cache_hit and chunk.continued
         guided.append(chunk.timings_ms['denoise'])
     p, g = statistics.median(plain), statistics.median(guided)
-    print(f'| {preset_name} ({depth} layers) | {p:.2f} ms | {g:.2f} ms | {100 * (g - p) / p:+.1f}% |')
+    layers = depth if preset_name != 'pi0' else runtime.config.expert.depth
+    print(f'| {preset_name} ({layers} layers) | {p:.2f} ms | {g:.2f} ms | {100 * (g - p) / p:+.1f}% |')
 
 
 def main() -> int:
@@ -79,17 +85,25 @@ def main() -> int:
     parser.add_argument('--runs', type=int, default=20, help='denoise timing runs per config')
     parser.add_argument('--depth', type=int, default=2, help='layers of the pi0-shaped config')
     parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--no-replay', action='store_true', help='only the guidance cost (no bag, no rosbags)')
+    parser.add_argument('--presets', default='tiny,pi0_shallow', help='configs for the guidance cost')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--dtype', default='float32')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        handover_table(work, [float(v) for v in args.latencies_ms.split(',')])
-        print('\ndenoise stage on a cache hit, median of', args.runs, 'runs (CPU, float32):')
+        if not args.no_replay:
+            handover_table(work, [float(v) for v in args.latencies_ms.split(',')])
+        print(f'\ndenoise stage on a cache hit, median of {args.runs} runs ({device}, {dtype}):')
         print('| config | plain | guided | extra |')
         print('|---|---|---|---|')
         tokenizer = PromptTokenizer.from_path(build_test_tokenizer(work / 'tokenizer'))
-        guidance_cost('tiny', 2, args.runs, tokenizer)
-        guidance_cost('pi0_shallow', args.depth, max(3, args.runs // 4), tokenizer)
+        for name in args.presets.split(','):
+            runs = args.runs if name == 'tiny' or device.type == 'cuda' else max(3, args.runs // 4)
+            guidance_cost(name, args.depth, runs, tokenizer, device, dtype)
     return 0
 
 

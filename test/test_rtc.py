@@ -137,24 +137,24 @@ def test_trained_mode_clamps_the_delay_and_conditions_per_token(policy_type):
 
 @pytest.mark.parametrize('policy_type', ['pi0', 'pi05'])
 def test_trained_mode_time_condition_is_per_token(policy_type):
-    """Prefix tokens embedded at t = 0 change the other tokens' velocities, through attention."""
+    """Clean prefix tokens are embedded at t = 0, the others at the step's time."""
     model = trained_model(policy_type)
-    context, state, noise = inputs_for(model)
-    embs = model.time_embeddings(2)
+    _, _, noise = inputs_for(model)
+    terms = model._time_terms(2)
     clean = torch.zeros(1, noise.shape[1], dtype=torch.bool)
     clean[0, :3] = True
-    shared, cond_shared = model._embed_suffix(noise, embs[0], model.state_proj(state)[:, None]
-                                              if policy_type == 'pi0' else None)
-    mixed, cond_mixed = model._embed_suffix(noise, embs[0], model.state_proj(state)[:, None]
-                                            if policy_type == 'pi0' else None, clean, embs[-1])
+    shared, cond_shared = model._embed_suffix(noise, terms, 0)
+    mixed, cond_mixed = model._embed_suffix(noise, terms, 0, clean)
     if policy_type == 'pi0':
-        offset = 1                                   # the state token comes first
-        assert torch.equal(mixed[:, offset + 3:], shared[:, offset + 3:])
-        assert not torch.allclose(mixed[:, offset:offset + 3], shared[:, offset:offset + 3])
+        assert torch.equal(mixed[:, 3:], shared[:, 3:])
+        assert not torch.allclose(mixed[:, :3], shared[:, :3])
+        assert cond_shared is None and cond_mixed is None
     else:
-        assert cond_shared.shape == (1, model.config.expert.width)
-        assert cond_mixed.shape == (1, noise.shape[1], model.config.expert.width)
+        width = model.config.expert.width
+        assert torch.equal(mixed, shared)                        # the time acts through the norms only
+        assert cond_shared.shape == (1, width) and cond_mixed.shape == (1, noise.shape[1], width)
         torch.testing.assert_close(cond_mixed[:, 3:], cond_shared[:, None].expand(-1, noise.shape[1] - 3, -1))
+        torch.testing.assert_close(cond_mixed[:, :3], terms[-1].expand(1, 3, -1))
         assert not torch.allclose(cond_mixed[:, :3], cond_shared[:, None].expand(-1, 3, -1))
 
 

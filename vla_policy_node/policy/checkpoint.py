@@ -30,6 +30,7 @@ from safetensors.numpy import save_file as save_numpy_file
 from safetensors.torch import save_file as save_torch_file
 
 from .config import ACTION_FEATURE, STATE_FEATURE, ConfigError, PolicyConfig
+from .layers import fuse_projections
 from .normalize import DEFAULT_EPS, FeatureNormalizer, NormalizationError, flatten_stats, split_flat_stats
 from .pi0 import PiZeroModel, param_dtype
 
@@ -150,10 +151,11 @@ def load_weights(model: PiZeroModel, weights_path: Path, device: torch.device,
 
 def build_model(config: PolicyConfig, weights_path: Path, device: torch.device,
                 compute_dtype: torch.dtype) -> PiZeroModel:
-    """Allocate nothing until the tensors arrive: build on 'meta', then assign loaded tensors."""
+    """Allocate nothing until the tensors arrive: build on 'meta', assign loaded tensors, fuse projections."""
     with torch.device('meta'):
         model = PiZeroModel(config)
     load_weights(model, weights_path, device, compute_dtype)
+    fuse_projections(model)
     return model.eval()
 
 

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from .config import GemmaSize
-from .layers import AdaptiveRMSNorm, GemmaMLP, RMSNorm, apply_rope, fold_mask, grouped_query_attention
+from .layers import (AdaptiveRMSNorm, FusedProjection, GemmaMLP, RMSNorm, apply_rope, fold_mask,
+                     grouped_query_attention)
 
 
 class GemmaSelfAttention(nn.Module):
@@ -29,15 +30,17 @@ class GemmaSelfAttention(nn.Module):
         self.k_proj = nn.Linear(size.width, size.num_kv_heads * size.head_dim, bias=False)
         self.v_proj = nn.Linear(size.width, size.num_kv_heads * size.head_dim, bias=False)
         self.o_proj = nn.Linear(size.num_heads * size.head_dim, size.width, bias=False)
+        self.qkv = FusedProjection(self.q_proj, self.k_proj, self.v_proj)
 
     def project_qkv(self, h: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [B, S, W] -> q [B, H, S, D], k and v [B, K, S, D], RoPE applied to q and k."""
+        """h [B, S, W]; cos, sin [B, S, 1, D] -> q [B, H, S, D], k and v [B, K, S, D], RoPE on q and k."""
         batch, seq, _ = h.shape
-        q = self.q_proj(h).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(h).view(batch, seq, heads + 2 * kv_heads, self.head_dim)   # [B, S, H+2K, D]
+        qk = apply_rope(qkv[:, :, :heads + kv_heads], cos, sin)                   # q and k heads in one pass
+        q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+        return q, k, qkv[:, :, heads + kv_heads:].transpose(1, 2)
 
     def project_out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn [B, H, S, D] -> [B, S, W]."""
@@ -68,19 +71,21 @@ class GemmaDecoderLayer(nn.Module):
         """One block, for the prefix and the suffix alike.
 
         x [B, S, W]; kv [2, B, K, T, D] this layer's K/V buffer: the block writes its own
-        k, v at positions [start, start + S) and attends to all T positions (the prefix
-        pass: start 0, T = S; the suffix pass: start P, T = P + S, the prefix already
-        there and never written). mask additive, folded [B, 1, G*S, T]; cond [B, W]
-        for adaptive norms. ``kv_only``: stop once K/V are written (the last prefix
-        layer, whose output nothing reads). Returns x [B, S, W].
+        k, v at positions [start, start + S) and attends to everything up to there,
+        [0, start + S) (the prefix pass: start 0; pi0's state token: start P; the action
+        tokens: after the prefix and the state, both already there and never written).
+        mask additive, folded [B, 1, G*S, start + S]; cond [B, W] or [B, S, W] for
+        adaptive norms. ``kv_only``: stop once K/V are written (a last layer whose output
+        nothing reads). Returns x [B, S, W].
         """
+        end = start + x.shape[1]
         h, gate = self.norm(self.input_layernorm, x, cond)
         q, k, v = self.self_attn.project_qkv(h, cos, sin)           # q [B, H, S, D]; k, v [B, K, S, D]
-        kv[0, :, :, start:start + x.shape[1]] = k
-        kv[1, :, :, start:start + x.shape[1]] = v
+        kv[0, :, :, start:end] = k
+        kv[1, :, :, start:end] = v
         if kv_only:
             return x
-        attn = grouped_query_attention(q, kv[0], kv[1], mask)        # [B, H, S, D]
+        attn = grouped_query_attention(q, kv[0, :, :, :end], kv[1, :, :, :end], mask)   # [B, H, S, D]
         x = gated_residual(x, self.self_attn.project_out(attn), gate)
         h, gate = self.norm(self.post_attention_layernorm, x, cond)
         return gated_residual(x, self.mlp(h), gate)
@@ -128,21 +133,27 @@ class GemmaStack(nn.Module):
         size = self.size
         batch, prefix_len, _ = x.shape
         kv = x.new_empty(size.depth, 2, batch, size.num_kv_heads, prefix_len, size.head_dim)
-        mask = fold_mask(mask, size.num_heads // size.num_kv_heads)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, kv[i], 0, cos, sin, mask, kv_only=i == size.depth - 1)
+        self.write_kv(x, kv, 0, cos, sin, fold_mask(mask, size.num_heads // size.num_kv_heads))
         return kv
 
-    def suffix_forward(self, x: torch.Tensor, kv_workspace: torch.Tensor, prefix_len: int,
+    def write_kv(self, x: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
+                 mask: torch.Tensor) -> None:
+        """Tokens x [B, S, W] through every layer, keeping only their K/V at [start, start + S) of
+        kv [L, 2, B, K, T, D] (folded mask [B, 1, G*S, start + S]). The last layer's attention output
+        and MLP feed nothing, so they are not computed."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv[i], start, cos, sin, mask, kv_only=i == self.size.depth - 1)
+
+    def suffix_forward(self, x: torch.Tensor, kv_workspace: torch.Tensor, start: int,
                        cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                        cond: Optional[torch.Tensor]) -> torch.Tensor:
-        """Suffix tokens attend to [prefix ; suffix] through a preallocated K/V buffer.
+        """Action tokens attend to [prefix ; (state) ; actions] through a preallocated K/V buffer.
 
-        x [B, S, W]; kv_workspace [L, 2, B, K, P+S, D] whose first P positions
-        hold the prefix K/V (written once per chunk, never here); mask additive
-        [B, 1, S, P+S]; cond [B, W] for adaptive norms. Returns the final-normed
-        hidden states [B, S, W]. Pass the mask through ``fold_mask`` once per chunk.
+        x [B, S, W] written at [start, start + S) of kv_workspace [L, 2, B, K, start + S, D], whose
+        first ``start`` positions (the prefix, and pi0's state token) are written once per chunk,
+        never here; folded mask [B, 1, G*S, start + S]; cond [B, W] or [B, S, W] for adaptive norms.
+        Returns the final-normed hidden states [B, S, W].
         """
         for i, layer in enumerate(self.layers):
-            x = layer(x, kv_workspace[i], prefix_len, cos, sin, mask, cond)
+            x = layer(x, kv_workspace[i], start, cos, sin, mask, cond)
         return self.final_norm(x, cond)

@@ -6,7 +6,7 @@ G = H // K queries per kv head, D head dim, W width.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,24 @@ from torch import nn
 ATTENTION_MASK_VALUE = -2.3819763e38
 
 
+# F.rms_norm (torch >= 2.4): one fused kernel on GPUs, same order of operations as the formula below.
+_HAS_RMS_NORM = hasattr(F, 'rms_norm')
+
+
+def _rms_normalize(x: torch.Tensor, eps: float, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) [* weight] over the last dim, in x's dtype (fp32 here)."""
+    if _HAS_RMS_NORM:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return normed if weight is None else normed * weight
+
+
 class RMSNorm(nn.Module):
-    """Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), computed in fp32."""
+    """Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), computed in fp32, rounded once to x's dtype.
+
+    As lerobot's PiGemmaRMSNorm (policies/pi_gemma.py, lerobot 7427f318): (1 + w) is
+    applied in fp32 before the cast. For fp32 activations no cast happens at all.
+    """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -27,9 +43,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).type_as(x)
+        return _rms_normalize(x.float(), self.eps, 1.0 + self.weight.float()).type_as(x)
 
 
 class AdaptiveRMSNorm(nn.Module):
@@ -46,14 +60,83 @@ class AdaptiveRMSNorm(nn.Module):
         self.dense = nn.Linear(cond_dim, 3 * dim)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        normed = _rms_normalize(x.float(), self.eps)
         modulation = self.dense(cond.to(self.dense.weight.dtype)).float()  # [B, 3W] or [B, S, 3W]
         if modulation.dim() == 2:
             modulation = modulation[:, None, :]
         scale, shift, gate = modulation.chunk(3, dim=-1)                     # each [B, 1 or S, W]
         out = normed * (1.0 + scale) + shift
         return out.type_as(x), gate.type_as(x)
+
+
+class FusedProjection:
+    """Several ``nn.Linear`` that read the same input, run as one GEMM.
+
+    Fusing concatenates the weights (and biases) into one [sum(out), in] tensor and
+    turns each module's parameter into a row view of it: the weights are held once,
+    ``state_dict`` keeps lerobot's keys and tensors, and an in-place write to a
+    parameter reaches the fused GEMM. Anything that gives a parameter new storage
+    (``.to()``, ``param.data = ...``, ``deepcopy``, ``load_state_dict(assign=True)``)
+    leaves the views behind; the next call notices (storage addresses) and fuses again
+    from the current parameters, so the GEMM never runs on stale weights. The loader
+    fuses right after loading (``fuse_projections``) so that this happens at load time,
+    not in the first control tick. Deliberately not an ``nn.Module``: it owns no
+    parameters and adds no state_dict entries.
+    """
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        self.linears = linears
+        self.weight: Optional[torch.Tensor] = None
+        self.bias: Optional[torch.Tensor] = None
+        self._views: List[Tuple[nn.Linear, str, int]] = []   # (module, parameter name, expected address)
+
+    def fuse(self) -> None:
+        # inference_mode(False): the fused tensors become parameter storage, which must stay usable outside it.
+        with torch.inference_mode(False), torch.no_grad():
+            self.weight = _concatenate_into_views([linear.weight for linear in self.linears])
+            has_bias = all(linear.bias is not None for linear in self.linears)
+            self.bias = _concatenate_into_views([linear.bias for linear in self.linears]) if has_bias else None
+        names = ('weight', 'bias') if has_bias else ('weight',)
+        self._views = [(linear, name, linear._parameters[name].data_ptr())
+                       for linear in self.linears for name in names]
+
+    def _views_current(self) -> bool:
+        """True while every parameter is still its block of the fused tensors (a dict lookup and an address each)."""
+        for linear, name, address in self._views:
+            if linear._parameters[name].data_ptr() != address:
+                return False
+        return True
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., sum(out)]: the linears' outputs side by side, from one GEMM."""
+        # Under torch.compile the storage check would break the graph; a compiled caller fuses first.
+        if self.weight is None or not (_compiling() or self._views_current()):
+            self.fuse()
+        return F.linear(x, self.weight, self.bias)
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, 'compiler', None)
+    return bool(compiler is not None and hasattr(compiler, 'is_compiling') and compiler.is_compiling())
+
+
+def _concatenate_into_views(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """cat(params) along dim 0; each parameter then holds its row block of the result (no second copy)."""
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for param in params:
+        param.data = fused[start:start + param.shape[0]]
+        start += param.shape[0]
+    return fused
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """Fuse q/k/v and gate/up of every block that supports it (call once after loading the weights)."""
+    for module in model.modules():
+        for attribute in list(vars(module).values()):
+            if isinstance(attribute, FusedProjection):
+                attribute.fuse()
+    return model
 
 
 class GemmaMLP(nn.Module):
@@ -64,22 +147,37 @@ class GemmaMLP(nn.Module):
         self.gate_proj = nn.Linear(width, mlp_dim, bias=False)
         self.up_proj = nn.Linear(width, mlp_dim, bias=False)
         self.down_proj = nn.Linear(mlp_dim, width, bias=False)
+        self.gate_up = FusedProjection(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate='tanh') * self.up_proj(x))
+        if x.device.type == 'cpu':
+            # CPU BLAS runs the two [mlp_dim, W] blocks faster than one [2 * mlp_dim, W] GEMM (3-5% of
+            # the pi0 denoise on this project's CPU, bench/bench_runtime.py); on a GPU one launch wins.
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)                  # each [..., mlp_dim]
+        return self.down_proj(F.gelu(gate, approximate='tanh') * up)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables for integer positions [B, S] -> cos, sin [B, 1, S, D] in fp32."""
+    """Rotary tables for integer positions [B, S] -> cos, sin [B, S, 1, D] in fp32 (once per pass).
+
+    Laid out for activations [B, S, heads, D] (heads before the transpose), so one
+    call rotates the query and key heads of a fused projection together.
+    """
     half = head_dim // 2
     inv_freq = 1.0 / (theta ** (torch.arange(0, half, device=positions.device, dtype=torch.float32) * 2.0 / head_dim))
     angles = positions.float()[..., None] * inv_freq                 # [B, S, D/2]
-    angles = torch.cat([angles, angles], dim=-1)[:, None]            # [B, 1, S, D]
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None]         # [B, S, 1, D]
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on [B, heads, S, D], in fp32, result in x's dtype."""
+    """Rotate-half RoPE on [B, S, heads, D] with tables [B, S, 1, D], in fp32, result in x's dtype.
+
+    fp32 where lerobot rotates in bf16 (modeling_gemma.apply_rotary_pos_emb on bf16
+    tables): openpi's order, and the smaller bf16 error; a no-op cast in fp32.
+    """
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)

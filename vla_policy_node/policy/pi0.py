@@ -15,6 +15,7 @@ Module names mirror lerobot's ``PI0Pytorch``/``PI05Pytorch`` so that
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -38,6 +39,18 @@ FP32_MODULE_MARKERS = ('vision_tower', 'multi_modal_projector', 'input_layernorm
 def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
     """Storage dtype of a parameter when the model computes in ``compute_dtype``."""
     return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
+
+
+@dataclass(frozen=True)
+class SuffixLayout:
+    """The suffix's attention for one chunk: action tokens written from ``start``; cos, sin [B, H, 1, D];
+    folded mask [B, 1, G*H, start + H]; ``state``: pi0's state token's (cos, sin, mask), or None."""
+
+    start: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor
+    state: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 class MultiModalProjector(nn.Module):
@@ -168,50 +181,64 @@ class PiZeroModel(nn.Module):
             self._time_embeddings[key] = emb.to(torch.float32).to(self.device)
         return self._time_embeddings[key]
 
-    def _suffix_layout(self, context: PrefixContext) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions (as RoPE tables) and the additive mask of the suffix, fixed for a whole chunk.
+    def _suffix_layout(self, context: PrefixContext) -> 'SuffixLayout':
+        """Positions (as RoPE tables) and additive masks of the suffix, fixed for a whole chunk.
 
-        Returns cos, sin [B, 1, S, D] and the folded mask [B, 1, G*S, P+S].
+        Attention follows the reference's autoregressive blocks (pi0 [state=1, a0=1, a1..=0], pi0.5
+        [a0=1, a1..=0]): pi0's state token sees the prefix and itself, so its K/V do not depend on
+        the step and are written once per chunk; the action tokens see the prefix, the state token
+        and every action token.
         """
         cfg = self.config
-        batch, prefix_len = context.pad_mask.shape
-        suffix_len = cfg.suffix_len
-        device = context.pad_mask.device
-        # Autoregressive-block flags: pi0 [state=1, a0=1, a1..=0]; pi0.5 [a0=1, a1..=0].
-        ar = torch.zeros(suffix_len, dtype=torch.long, device=device)
-        ar[0] = 1
-        if cfg.policy_type == 'pi0':
-            ar[1] = 1
-        block = ar.cumsum(0)
-        suffix_allowed = block[None, :] <= block[:, None]                               # [S, S]
-        prefix_allowed = context.pad_mask[:, None, :].expand(batch, suffix_len, prefix_len)
-        allowed = torch.cat([prefix_allowed, suffix_allowed.expand(batch, -1, -1)], dim=2)[:, None]
-        positions = context.pad_mask.long().sum(dim=1, keepdim=True) + torch.arange(suffix_len, device=device)
-        cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta)
+        pad = context.pad_mask                                                          # [B, P]
+        batch, prefix_len = pad.shape
+        horizon, device = cfg.chunk_size, pad.device
         groups = cfg.expert.num_heads // cfg.expert.num_kv_heads
-        return cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups)
+        valid = pad.long().sum(dim=1, keepdim=True)                                     # [B, 1]
+        state = None
+        start = prefix_len
+        if cfg.policy_type == 'pi0':
+            allowed = torch.cat([pad, pad.new_ones(batch, 1)], dim=1)[:, None, None]     # [B, 1, 1, P+1]
+            cos, sin = rope_cos_sin(valid, cfg.expert.head_dim, cfg.rope_theta)
+            state = (cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups))
+            start += 1
+        positions = valid + (start - prefix_len) + torch.arange(horizon, device=device)  # [B, H]
+        cos, sin = rope_cos_sin(positions, cfg.expert.head_dim, cfg.rope_theta)
+        allowed = torch.cat([pad[:, None, :].expand(batch, horizon, prefix_len),
+                             pad.new_ones(batch, horizon, start - prefix_len + horizon)], dim=2)[:, None]
+        return SuffixLayout(start, cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups), state)
 
-    def _embed_suffix(self, x_t: torch.Tensor, time_emb: torch.Tensor, state_token: Optional[torch.Tensor],
-                      clean: Optional[torch.Tensor] = None,
-                      clean_emb: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """x_t [B, H, A]; time_emb [W] -> suffix tokens [B, S, W] and the adaptive-norm condition or None.
+    def _time_terms(self, num_steps: int) -> torch.Tensor:
+        """What the flow time contributes at each step (and at t = 0, last), computed once per chunk: [N + 1, W].
 
-        clean [B, H] bool marks action tokens that see time 0 instead (trained RTC), with clean_emb [W]
-        their embedding: the time condition is then per token (pi0: fused into each action token;
-        pi0.5: the condition becomes [B, H, W]); otherwise it is shared ([B, W] for pi0.5).
+        pi0: the time half of the fused action-time MLP's first layer (with its bias), since
+        W [a ; t] + b = W_a a + (W_t t + b); pi0.5: the adaptive-norm condition itself.
+        """
+        width = self.config.expert.width
+        embs = self.time_embeddings(num_steps)                                          # [N + 1, W]
+        if self.config.policy_type == 'pi0':
+            layer = self.action_time_mlp_in
+            return F.linear(embs, layer.weight[:, width:], layer.bias)
+        return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(embs))))
+
+    def _embed_suffix(self, x_t: torch.Tensor, time_terms: torch.Tensor, step: int,
+                      clean: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x_t [B, H, A] at step ``step`` -> action tokens [B, H, W] and the adaptive-norm condition or None.
+
+        clean [B, H] bool marks action tokens that see time 0 instead (trained RTC): the time
+        term is then per token (pi0: fused into each action token; pi0.5: the condition becomes
+        [B, H, W]); otherwise it is shared ([B, W] for pi0.5).
         """
         batch, horizon, _ = x_t.shape
+        width = self.config.expert.width
         action_tokens = self.action_in_proj(x_t)                                        # [B, H, W]
-        time_emb = time_emb[None, None].expand(batch, horizon, -1)                      # [B, H, W]
+        term = time_terms[step]                                                         # [W]
         if clean is not None:
-            time_emb = torch.where(clean[..., None], clean_emb[None, None], time_emb)
+            term = torch.where(clean[..., None], time_terms[-1], term)                  # [B, H, W]
         if self.config.policy_type == 'pi0':
-            fused = torch.cat([action_tokens, time_emb], dim=-1)                        # [B, H, 2W]
-            action_tokens = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(fused)))
-            return torch.cat([state_token, action_tokens], dim=1).to(self.compute_dtype), None
-        if clean is None:
-            time_emb = time_emb[:, 0]                                                   # shared: [B, W]
-        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))           # [B, W] or [B, H, W]
+            hidden = F.linear(action_tokens, self.action_time_mlp_in.weight[:, :width]) + term
+            return self.action_time_mlp_out(F.silu(hidden)).to(self.compute_dtype), None
+        cond = term if clean is not None else term[None].expand(batch, -1)              # [B, H, W] or [B, W]
         return action_tokens.to(self.compute_dtype), cond
 
     @torch.no_grad()
@@ -235,17 +262,17 @@ class PiZeroModel(nn.Module):
         if tuple(noise.shape) != expected:
             raise ValueError(f'noise must be {list(expected)}, got {list(noise.shape)}')
         prefix_len = context.prefix_len
-        cos, sin, mask = self._suffix_layout(context)
+        layout = self._suffix_layout(context)
         # The prefix K/V is copied once per chunk into a [P + S] buffer; each step
-        # writes only the suffix part, so the stored context is never touched.
+        # writes only the action tokens' part, so the stored context is never touched.
         workspace = context.kv.new_empty(*context.kv.shape[:4], prefix_len + cfg.suffix_len, context.kv.shape[-1])
         workspace[..., :prefix_len, :] = context.kv
-        state_token = None
-        if cfg.policy_type == 'pi0':
+        if layout.state is not None:
             if state is None:
                 raise ValueError('pi0 needs the normalised state')
-            state_token = self.state_proj(state.float())[:, None]                       # [B, 1, W]
-        time_embs = self.time_embeddings(num_steps)                                     # [N + 1, W]
+            state_token = self.state_proj(state.float())[:, None].to(self.compute_dtype)   # [B, 1, W]
+            self._expert.write_kv(state_token, workspace, prefix_len, *layout.state)      # once per chunk
+        time_terms = self._time_terms(num_steps)                                        # [N + 1, W]
         guide = prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
                               cfg.rtc_training_max_delay)
         clean = guide.clamp[..., 0] if guide is not None and guide.clamp is not None else None   # [B, H]
@@ -254,9 +281,10 @@ class PiZeroModel(nn.Module):
         for step in range(num_steps):
             if guide is not None:
                 x_t = guide.clamp_prefix(x_t)
-            suffix, cond = self._embed_suffix(x_t, time_embs[step], state_token, clean, time_embs[-1])
-            hidden = self._expert.suffix_forward(suffix, workspace, prefix_len, cos, sin, mask, cond)
-            velocity = self.action_out_proj(hidden[:, -cfg.chunk_size:].float())         # [B, H, A]
+            tokens, cond = self._embed_suffix(x_t, time_terms, step, clean)            # [B, H, W]
+            hidden = self._expert.suffix_forward(tokens, workspace, layout.start, layout.cos, layout.sin,
+                                                 layout.mask, cond)
+            velocity = self.action_out_proj(hidden.float())                             # [B, H, A]
             if guide is not None:
                 velocity = guide.guide(step, x_t, velocity)
             x_t = x_t + dt * velocity

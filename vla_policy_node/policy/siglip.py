@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VisionSize
+from .layers import FusedProjection
 
 
 class SiglipEmbeddings(nn.Module):
@@ -36,6 +37,7 @@ class SiglipAttention(nn.Module):
         self.k_proj = nn.Linear(size.width, size.width)
         self.v_proj = nn.Linear(size.width, size.width)
         self.out_proj = nn.Linear(size.width, size.width)
+        self.qkv = FusedProjection(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, width = x.shape
@@ -44,8 +46,8 @@ class SiglipAttention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:  # [N, P, W] -> [N, heads, P, head_dim]
             return t.view(batch, tokens, self.num_heads, head_dim).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)),
-                                             scale=head_dim ** -0.5)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)                          # each [N, P, W]
+        out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), scale=head_dim ** -0.5)
         return self.out_proj(out.transpose(1, 2).reshape(batch, tokens, width))
 
 

@@ -16,6 +16,7 @@ import torch
 
 from .checkpoint import save_checkpoint
 from .config import PolicyConfig, preset
+from .layers import fuse_projections
 from .pi0 import PiZeroModel
 from .tiny_tokenizer import build_test_tokenizer
 
@@ -26,11 +27,13 @@ STATE_STD = 0.5
 
 
 def random_model(config: PolicyConfig, seed: int = DEFAULT_SEED) -> PiZeroModel:
-    """torch's default initialisation under a fixed seed: same seed, same weights, on any machine."""
+    """torch's default initialisation under a fixed seed: same seed, same weights, on any machine.
+
+    Projections are fused as a loaded model's are (same GEMMs, same numerics)."""
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        return PiZeroModel(config).eval()
+        return fuse_projections(PiZeroModel(config)).eval()
     finally:
         torch.random.set_rng_state(generator_state)
 
