@@ -45,6 +45,7 @@ from vla_policy_node.trajectory import check_controller_rules
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NODE_NAME = 'vla_policy'
+STATUS_NAME = f'/{NODE_NAME}: policy'        # the node's fully qualified name (root namespace)
 NS = 1_000_000_000
 JOINTS = ['joint_1', 'joint_2', 'joint_3', 'joint_4', 'joint_5', 'joint_6']
 CAMERAS = ('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb')
@@ -63,12 +64,12 @@ def camera_topic(name: str) -> str:
 
 
 # ---- isolation ---------------------------------------------------------------------------------
-def pick_domain_id() -> int:
-    """A random domain in 100..230, different from whatever the environment already holds."""
-    taken = os.environ.get('ROS_DOMAIN_ID')
+def pick_domain_id(exclude: Optional[str] = None) -> int:
+    """A random domain in 100..230, different from whatever the environment already holds (and ``exclude``)."""
+    taken = {os.environ.get('ROS_DOMAIN_ID'), exclude}
     while True:
         domain = random.randint(100, 230)
-        if str(domain) != taken:
+        if str(domain) not in taken:
             return domain
 
 
@@ -474,7 +475,7 @@ class TestRig:
             self._lock.notify_all()
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
-        if not any(status.name.startswith(NODE_NAME) for status in msg.status):
+        if not any(status.name == STATUS_NAME for status in msg.status):
             return
         with self._lock:
             self.diagnostics.append(msg)
@@ -512,7 +513,7 @@ class TestRig:
         with self._lock:
             if not self.diagnostics:
                 return None
-            status = next(s for s in self.diagnostics[-1].status if s.name.startswith(NODE_NAME))
+            status = next(s for s in self.diagnostics[-1].status if s.name == STATUS_NAME)
         values = {kv.key: kv.value for kv in status.values}
         values.update(level=status.level, message=status.message, name=status.name)
         return values
@@ -532,7 +533,7 @@ class TestRig:
                 arrays = list(self.diagnostics[start:])
                 start += len(arrays)
             for array in arrays:
-                status = next(s for s in array.status if s.name.startswith(NODE_NAME))
+                status = next(s for s in array.status if s.name == STATUS_NAME)
                 values = {kv.key: kv.value for kv in status.values}
                 values.update(level=status.level, message=status.message, name=status.name)
                 last = values

@@ -2,7 +2,12 @@
 
 import array
 import io
+import json
+import os
+import subprocess
 import sys
+import textwrap
+import zlib
 
 import numpy as np
 import pytest
@@ -14,11 +19,14 @@ from vla_policy_node.images import (
     CompressedFrame,
     ImageDecodeError,
     RawImage,
+    check_frame,
+    compressed_header,
     decode_frame,
     frame_buffer,
     frame_from_msg,
 )
 from vla_policy_node.policy.preprocess import image_to_unit_tensor
+from runtime_fixtures import tiny_checkpoints  # noqa: F401
 
 HEIGHT, WIDTH = 4, 5
 
@@ -87,42 +95,36 @@ def test_colour_encodings_decode_to_rgb(encoding, padding):
     np.testing.assert_array_equal(decoded, rgb)
 
 
-@pytest.mark.parametrize(
-    "encoding, dtype",
-    [("mono8", np.uint8), ("8UC1", np.uint8), ("mono16", np.uint16),
-     ("16UC1", np.uint16), ("32FC1", np.float32)],
-)
-@pytest.mark.parametrize("padding_items", [0, 3])
-def test_single_channel_encodings_decode_to_grey(encoding, dtype, padding_items):
+@pytest.mark.parametrize("encoding", ["mono8", "8UC1"])
+@pytest.mark.parametrize("padding", [0, 3])
+def test_single_channel_encodings_decode_to_grey(encoding, padding):
     rng = np.random.default_rng(3)
-    grey = (rng.random((HEIGHT, WIDTH, 1)) * 1000).astype(dtype)
-    itemsize = np.dtype(dtype).itemsize
-    frame = raw(grey, encoding, step=(WIDTH + padding_items) * itemsize)
+    grey = rng.integers(0, 256, size=(HEIGHT, WIDTH, 1), dtype=np.uint8)
+    frame = raw(grey, encoding, step=WIDTH + padding)
 
     decoded = decode_frame(frame)
 
     assert decoded.shape == (HEIGHT, WIDTH, 1)
-    assert decoded.dtype == np.dtype(dtype)
+    assert decoded.dtype == np.uint8
     np.testing.assert_array_equal(decoded, grey)
 
 
 @pytest.mark.parametrize(
-    "encoding, values",
+    "encoding, pixels, words",
     [
-        ("mono16", np.array([[[1], [258], [65535]]], dtype=np.uint16)),
-        ("16UC1", np.array([[[0], [4096], [513]]], dtype=np.uint16)),
-        ("32FC1", np.array([[[1.5], [-2.25], [1e6]]], dtype=np.float32)),
+        ("32FC1", np.full((HEIGHT, WIDTH, 1), np.nan, dtype=np.float32), "32-bit float"),
+        ("16UC1", np.full((HEIGHT, WIDTH, 1), 4097, dtype=np.uint16), "16-bit"),
+        ("mono16", np.full((HEIGHT, WIDTH, 1), 65535, dtype=np.uint16), "16-bit"),
+        ("rgb16", np.zeros((HEIGHT, WIDTH, 3), dtype=np.uint16), "16-bit"),
+        ("64FC1", np.zeros((HEIGHT, WIDTH, 1), dtype=np.float64), "64-bit float"),
     ],
 )
-def test_big_endian_samples_are_byteswapped(encoding, values):
-    frame = raw(values, encoding, big_endian=True)
-    assert sys.byteorder == "little", "test assumes a little-endian host"
-
-    decoded = decode_frame(frame)
-
-    assert decoded.dtype.isnative
-    np.testing.assert_array_equal(decoded, values)
-    assert not np.shares_memory(decoded, np.frombuffer(frame.data, np.uint8))
+def test_frames_wider_than_8_bits_are_refused_naming_the_encoding(encoding, pixels, words):
+    # A NaN-filled depth frame on a colour camera must not reach the model as a black picture.
+    frame = raw(pixels, encoding)
+    for check in (check_frame, decode_frame):
+        with pytest.raises(ImageDecodeError, match=f"'{encoding}' has {words} samples.*8-bit"):
+            check(frame)
 
 
 def test_big_endian_flag_is_ignored_for_8_bit_data():
@@ -215,12 +217,6 @@ def test_step_shorter_than_a_row_is_rejected():
         decode_frame(frame)
 
 
-def test_step_not_multiple_of_sample_size_is_rejected():
-    frame = RawImage(HEIGHT, WIDTH, "mono16", WIDTH * 2 + 1, False, bytes(1000))
-    with pytest.raises(ImageDecodeError, match="not a multiple"):
-        decode_frame(frame)
-
-
 def test_decode_rejects_non_frames():
     with pytest.raises(ImageDecodeError, match="RawImage or CompressedFrame"):
         decode_frame("not a frame")
@@ -279,17 +275,14 @@ def test_png_palette_converts_to_rgb():
     np.testing.assert_array_equal(decoded, expected)
 
 
-def test_png_16_bit_is_exact():
+def test_png_16_bit_is_refused():
     depth = np.array([[0, 1, 256], [4097, 40000, 65535]], dtype=np.uint16)
     out = io.BytesIO()
     Image.fromarray(depth).save(out, format="PNG")
     frame = CompressedFrame("mono16; png compressed mono16", out.getvalue())
-
-    decoded = decode_frame(frame)
-
-    assert decoded.dtype == np.uint16
-    assert decoded.shape == (2, 3, 1)
-    np.testing.assert_array_equal(decoded[:, :, 0], depth)
+    for check in (check_frame, decode_frame):
+        with pytest.raises(ImageDecodeError, match="PNG image.*16-bit samples.*8-bit"):
+            check(frame)
 
 
 def test_compressed_depth_is_rejected_with_reason():
@@ -300,8 +293,9 @@ def test_compressed_depth_is_rejected_with_reason():
 
 def test_garbage_bytes_are_rejected_naming_the_format():
     frame = CompressedFrame("jpeg", b"definitely not an image")
-    with pytest.raises(ImageDecodeError, match="'jpeg'"):
-        decode_frame(frame)
+    for check in (check_frame, decode_frame):
+        with pytest.raises(ImageDecodeError, match="'jpeg'.*neither a JPEG nor a PNG"):
+            check(frame)
 
 
 def test_truncated_jpeg_is_rejected():
@@ -311,8 +305,117 @@ def test_truncated_jpeg_is_rejected():
 
 
 def test_empty_compressed_data_is_rejected():
-    with pytest.raises(ImageDecodeError, match="no data"):
-        decode_frame(CompressedFrame("png", b""))
+    for check in (check_frame, decode_frame):
+        with pytest.raises(ImageDecodeError, match="no data"):
+            check(CompressedFrame("png", b""))
+
+
+# --------------------------------------------------------------------------
+# Size from the header, before any decoding
+# --------------------------------------------------------------------------
+
+
+def jpeg_with_exif(pixels: np.ndarray, **options) -> bytes:
+    out = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x010E] = "x" * 3000               # ImageDescription: a long APP1 segment before the frame header
+    Image.fromarray(pixels).save(out, format="JPEG", exif=exif, **options)
+    return out.getvalue()
+
+
+def big_png(width: int, height: int) -> bytes:
+    """A complete, valid black RGB PNG, compressed row by row (12000 x 12000: about 420 KB, 432 MB decoded)."""
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return len(payload).to_bytes(4, "big") + kind + payload + zlib.crc32(kind + payload).to_bytes(4, "big")
+
+    compressor = zlib.compressobj(9)
+    row = bytes(1 + 3 * width)              # filter byte 0, then black pixels
+    body = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("options", [{}, {"progressive": True}, {"subsampling": 0, "quality": 95}],
+                         ids=["baseline", "progressive", "444"])
+def test_jpeg_header_gives_the_size_behind_other_segments(options):
+    pixels = np.zeros((37, 53, 3), dtype=np.uint8)
+    header = compressed_header(CompressedFrame("jpeg", jpeg_with_exif(pixels, **options)))
+    assert (header.kind, header.width, header.height, header.bits) == ("JPEG", 53, 37, 8)
+
+
+def test_png_header_gives_the_size():
+    header = compressed_header(CompressedFrame("png", encoded(reference_rgb(), "PNG")))
+    assert (header.kind, header.width, header.height, header.bits) == ("PNG", WIDTH, HEIGHT, 8)
+
+
+def test_twelve_bit_jpeg_is_refused_from_its_header():
+    # SOI, then a baseline-extended frame header (SOF1) with precision 12 for 16 x 16, 1 component.
+    sof1 = b"\xff\xc1" + (11).to_bytes(2, "big") + bytes([12, 0, 16, 0, 16, 1, 1, 0x11, 0])
+    with pytest.raises(ImageDecodeError, match="JPEG image.*12-bit samples"):
+        check_frame(CompressedFrame("jpeg", b"\xff\xd8" + sof1 + b"\xff\xd9"))
+
+
+@pytest.mark.parametrize("data", [b"\xff\xd8", b"\xff\xd8\xff\xe0\x00\x10JFIF", b"\xff\xd8\xff\xda\x00\x08",
+                                  b"\xff\xd8garbage", b"\x89PNG\r\n\x1a\n\x00\x00"],
+                         ids=["soi-only", "cut-in-app0", "scan-first", "no-marker", "png-cut"])
+def test_unreadable_headers_are_refused(data):
+    with pytest.raises(ImageDecodeError, match="header"):
+        check_frame(CompressedFrame("jpeg", data))
+
+
+def test_oversized_frames_are_refused_naming_the_size_before_decoding():
+    # Raw: from width x height alone (these 16 bytes could never hold the pixels).
+    huge_raw = RawImage(12000, 12000, "rgb8", 36000, False, bytes(16))
+    with pytest.raises(ImageDecodeError, match="rgb8 image is 12000x12000 = 144000000 pixels, more than "
+                                               "max_image_pixels 16777216"):
+        check_frame(huge_raw, max_pixels=4096 * 4096)
+    # Compressed: from the header of a real 12000 x 12000 PNG.
+    data = big_png(12000, 12000)
+    assert len(data) < 1_000_000
+    with pytest.raises(ImageDecodeError, match="PNG image is 12000x12000 = 144000000 pixels"):
+        check_frame(CompressedFrame("png", data), max_pixels=4096 * 4096)
+    jpeg = CompressedFrame("jpeg", jpeg_with_exif(np.zeros((40, 30, 3), dtype=np.uint8)))
+    with pytest.raises(ImageDecodeError, match="JPEG image is 30x40 = 1200 pixels, more than max_image_pixels 1199"):
+        check_frame(jpeg, max_pixels=1199)
+    check_frame(jpeg, max_pixels=1200)       # the bound is inclusive
+
+
+# Runs in its own process, so the peak memory it measures is this check's alone.
+PEAK_MEMORY_PROBE = textwrap.dedent("""
+    import json, resource, sys
+    from pathlib import Path
+    import numpy as np
+    from vla_policy_node.images import CompressedFrame
+    from vla_policy_node.observation import Observation, ObservationError
+    from vla_policy_node.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime.from_pretrained(sys.argv[1], device='cpu', dtype='float32')
+    small = np.zeros((24, 40, 3), dtype=np.uint8)
+    runtime.infer(Observation({'base_0_rgb': small}, np.zeros(6), 'go'), seed=0)           # warm
+    frame = CompressedFrame('png', Path(sys.argv[2]).read_bytes())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        runtime.infer(Observation({'base_0_rgb': frame}, np.zeros(6), 'go'), seed=0)
+        refused = ''
+    except ObservationError as exc:
+        refused = f'{exc.reason.value}: {exc}'
+    growth_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before                # Linux: KiB
+    print(json.dumps({'refused': refused, 'peak_growth_mib': growth_kib / 1024}))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss is in KiB on Linux only")
+def test_a_12000_by_12000_png_is_refused_by_the_runtime_without_decoding(tiny_checkpoints, tmp_path):
+    # 420 KB on the wire, 432 MB as rgb8 and 1.7 GB as the float tensor: decoding it took ~5 GB at peak.
+    png = tmp_path / "huge.png"
+    png.write_bytes(big_png(12000, 12000))
+    result = subprocess.run([sys.executable, "-c", PEAK_MEMORY_PROBE, str(tiny_checkpoints["pi0"]), str(png)],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    assert measured["refused"].startswith("bad_image: images.base_0_rgb: compressed PNG image is 12000x12000")
+    assert "max_image_pixels 16777216" in measured["refused"]
+    assert measured["peak_growth_mib"] < 100, measured       # generous: the decoded frame alone is 412 MiB
 
 
 # --------------------------------------------------------------------------
@@ -324,18 +427,14 @@ def unit(image):
     return image_to_unit_tensor(image, torch.device("cpu")).permute(1, 2, 0).numpy()
 
 
-def test_unit_tensor_scales_integer_ranges():
-    eight = np.array([[[0, 255, 51]]], dtype=np.uint8)
-    sixteen = np.array([[[0, 65535, 13107]]], dtype=np.uint16)
-    for image in (eight, sixteen):
-        np.testing.assert_allclose(unit(image), [[[0.0, 1.0, 0.2]]], atol=1e-6)
+def test_unit_tensor_scales_8_bit_samples():
+    np.testing.assert_allclose(unit(np.array([[[0, 255, 51]]], dtype=np.uint8)), [[[0.0, 1.0, 0.2]]], atol=1e-6)
 
 
-def test_unit_tensor_clips_floats_and_zeroes_non_finite():
-    depth = np.array([[[-1.0], [0.25], [7.0], [np.nan], [np.inf], [-np.inf]]], dtype=np.float32)
-    out = unit(depth)
-    assert out.shape == (1, 6, 3)
-    np.testing.assert_array_equal(out[0, :, 0], [0.0, 0.25, 1.0, 0.0, 0.0, 0.0])
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+def test_unit_tensor_refuses_wider_samples(dtype):
+    with pytest.raises(ValueError, match="uint8"):
+        unit(np.zeros((2, 2, 1), dtype=dtype))
 
 
 def test_unit_tensor_broadcasts_grey_and_accepts_read_only_views_from_decode():
@@ -357,9 +456,10 @@ def test_unit_tensor_rejects_non_canonical_arrays(shape):
 
 
 def test_supported_encodings_lists_the_raw_encodings():
-    for encoding in ("rgb8", "bgr8", "rgba8", "bgra8", "mono8", "mono16", "16UC1", "32FC1"):
+    for encoding in ("rgb8", "bgr8", "rgba8", "bgra8", "mono8", "8UC1"):
         assert encoding in SUPPORTED_ENCODINGS
-    assert "8UC3" not in SUPPORTED_ENCODINGS
+    for encoding in ("8UC3", "mono16", "16UC1", "32FC1"):
+        assert encoding not in SUPPORTED_ENCODINGS
 
 
 def test_frame_from_msg_rejects_other_objects():

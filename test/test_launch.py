@@ -1,4 +1,8 @@
-"""The launch file compiles everywhere and builds a LaunchDescription where launch_ros exists."""
+"""The launch file compiles everywhere and builds a LaunchDescription where launch_ros exists.
+
+`make setup` installs launch_ros from ../shared/ros-tools when that folder exists; test_user_journey.py
+launches the file for real with `ros2 launch`.
+"""
 import importlib.util
 import py_compile
 from pathlib import Path
@@ -13,7 +17,8 @@ def test_launch_file_compiles():
 
 
 def test_launch_description_has_the_arguments():
-    pytest.importorskip('launch_ros', reason='launch_ros is not on PyPI; needs a full ROS 2 install')
+    pytest.importorskip('launch_ros', reason='launch_ros is not on PyPI: install ../shared/ros-tools (make setup '
+                                             'does when it exists) or use a ROS 2 install')
     from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument
 

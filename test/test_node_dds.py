@@ -3,6 +3,7 @@
 One node process is shared by the tests that only stream inputs and change live parameters
 (module fixture ``node``); lifecycle, failing configure, sim time and replay start their own.
 """
+import signal
 import threading
 import time
 
@@ -117,6 +118,8 @@ def live(node, fresh_rig):
 def own_node(tmp_path, fresh_rig, shared_node):
     """Factory for a per-test node process, stopped (and its log printed) at teardown."""
     shared_node.stop()
+    time.sleep(0.2)              # the shared node's shutdown hold is not this test's
+    fresh_rig.clear()
     procs = []
 
     def factory(params, state='active'):
@@ -345,6 +348,26 @@ def test_lifecycle_transitions_gate_trajectories(own_node, checkpoint, fresh_rig
     assert proc.alive()
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize('signal_name', ['SIGINT', 'SIGTERM'])
+def test_a_stop_signal_holds_the_arm_and_exits_quietly(own_node, checkpoint, fresh_rig, signal_name):
+    rig = fresh_rig
+    rig.start_streaming()
+    proc = own_node(base_params(checkpoint, control_rate_hz=50.0))        # often a tick in flight at the signal
+    wait_for_policy_trajectories(rig, 3, timeout=15)
+    since, logged = rig.trajectory_count(), len(proc.log_text())
+    proc.proc.send_signal(getattr(signal, signal_name))
+    assert proc.proc.wait(timeout=20) == 0
+    # The last message is the hold, published before the context went down.
+    last = rig.wait_for_trajectories(1, timeout=5, since=since)[-1]
+    assert is_hold(last), 'no hold at shutdown'
+    check_jtc(last, JOINTS, points=1, zero_stamp=True)
+    assert positions_of(last)[0].tolist() == pytest.approx(rig.joint_positions)
+    log = proc.log_text()[logged:]
+    for noise in ('Traceback', 'context is invalid', '[ERROR]', 'no hold published'):
+        assert noise not in log, log[-3000:]
+
+
 @pytest.mark.timeout(60)
 def test_failed_configure_stays_unconfigured_and_says_why(own_node, checkpoint, fresh_rig, tmp_path):
     rig = fresh_rig
@@ -370,6 +393,9 @@ def test_sim_time_stamps_follow_clock(own_node, checkpoint, fresh_rig):
     proc = own_node(base_params(checkpoint, use_sim_time=True, stamp_mode='observation'))
     time.sleep(1.5)
     assert rig.trajectory_count() == 0, 'published before any /clock'
+    # ... and /diagnostics (on the steady clock) says why.
+    waiting = rig.wait_for_diagnostics(lambda d: d['waiting_for_clock'] == 'True')
+    assert waiting['level'] == DiagnosticStatus.WARN and 'waiting for /clock' in waiting['message'], waiting
 
     rig.start_clock(start_ns)   # frames stamped 1000 s before the clock started are valid stamps too
     rig.wait_for_trajectories(5, timeout=15)

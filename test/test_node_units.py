@@ -22,8 +22,10 @@ from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 
 from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
+from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag  # noqa: E402
+from vla_policy_node.replay.offline import replay  # noqa: E402
 from vla_policy_node.ros.node import VlaPolicyNode  # noqa: E402
-from vla_policy_node.params import PARAMETERS, SPECS  # noqa: E402
+from vla_policy_node.params import PARAMETERS, SPECS, ParameterError  # noqa: E402
 
 TYPES = {'bool': ParameterType.PARAMETER_BOOL, 'int': ParameterType.PARAMETER_INTEGER,
          'double': ParameterType.PARAMETER_DOUBLE, 'string': ParameterType.PARAMETER_STRING,
@@ -48,10 +50,10 @@ def ctx():
 def make_node(ctx, tmp_path):
     nodes = []
 
-    def factory(params=None, **kwargs):
+    def factory(params=None, cli_args_extra=(), **kwargs):
         if params is not None:
             path = write_params(tmp_path / f'params{len(nodes)}.yaml', params)
-            kwargs['cli_args'] = ['--ros-args', '--params-file', str(path)]
+            kwargs['cli_args'] = ['--ros-args', '--params-file', str(path), *cli_args_extra]
         node = VlaPolicyNode(context=ctx, **kwargs)
         nodes.append(node)
         return node
@@ -82,7 +84,7 @@ def test_every_parameter_is_declared_with_its_descriptor(make_node):
         else:
             assert not descriptor.floating_point_range and not descriptor.integer_range
         if spec.default is None:
-            assert node.params.value(spec.name) is None      # typed, unset
+            assert node.params.value(spec.name) == []        # typed and empty: ros2 param get/dump show it
         else:
             assert node.get_parameter(spec.name).value == spec.default
     read_only = {spec.name for spec in PARAMETERS if spec.read_only}
@@ -114,7 +116,7 @@ def wait_diagnostics(ctx, node, predicate, timeout=5.0):
 
     def on_msg(msg):
         for status in msg.status:
-            if status.name.startswith('vla_policy') and predicate(status):
+            if status.name == '/vla_policy: policy' and predicate(status):
                 found['status'] = status
                 done.set()
 
@@ -151,6 +153,50 @@ def test_bad_params_file_value_refuses_configure_and_names_it(make_node, ctx, ch
     assert status is not None, 'no ERROR diagnostics'
     assert name in status.message, status.message
     assert status.message.startswith('unconfigured')
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('name, value', [('control_rate_hz', -3.0), ('control_rate_hz', 0.0), ('num_steps', 0),
+                                         ('action_period_sec', -0.1), ('max_image_pixels', 0)])
+def test_node_and_replay_refuse_a_value_with_the_same_message(make_node, tmp_path, name, value):
+    params = {'joint_names': list(JOINTS), 'instruction': 'go', name: value}
+    node = make_node(params)                    # the descriptor refuses it; the reason given is the table's
+    bag = write_sample_bag(tmp_path / 'bag', SampleBagSpec(duration_sec=0.5))
+    with pytest.raises(ParameterError) as refused:
+        replay(bag, write_params(tmp_path / 'replay.yaml', params), tmp_path / 'out')
+    assert node.params.errors == [str(refused.value)]
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert node._configure_error.endswith(str(refused.value))
+
+
+@pytest.mark.timeout(60)
+def test_every_parameter_is_gettable_even_unset_arrays(make_node):
+    # rclpy's get_parameters answers nothing for a whole request when one parameter is uninitialised:
+    # `ros2 param dump` printed {} and `ros2 param get` "Parameter not set".
+    node = make_node()
+    names = [spec.name for spec in PARAMETERS]
+    values = node.get_parameters(names)
+    assert [p.name for p in values] == names
+    assert node.get_parameter('camera_names').type_ == Parameter.Type.STRING_ARRAY
+    assert node.get_parameter('joint_lower_limits').type_ == Parameter.Type.DOUBLE_ARRAY
+    # Still read-only, and a params-file value still applies.
+    assert not node.set_parameters([Parameter('camera_names', value=['a'])])[0].successful
+    assert make_node({'camera_names': ['base_0_rgb']}).params.value('camera_names') == ['base_0_rgb']
+
+
+@pytest.mark.timeout(60)
+def test_topics_resolve_in_the_namespace_and_remappings_apply(make_node, checkpoint):
+    node = make_node({'checkpoint_path': str(checkpoint), 'joint_names': list(JOINTS), 'warmup': False,
+                      'camera_names': ['base_0_rgb'], 'camera_topics': ['/front/image_raw']},
+                     namespace='arm', cli_args_extra=['-r', 'instruction:=/task/instruction'])
+    assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    layout = node.configured.layout
+    assert [camera.topic for camera in layout.cameras] == ['/front/image_raw']       # absolute: as written
+    assert layout.joint_states.topic == '/arm/joint_states'
+    assert layout.instruction.topic == '/task/instruction'                            # remapped
+    assert [entry.topic for entry in layout.operator] == ['/arm/enable', '/arm/estop']
+    assert node._output.topic == '/arm/joint_trajectory_controller/joint_trajectory'
+    assert node._diagnostics.name == '/arm/vla_policy: policy'
 
 
 @pytest.mark.timeout(60)

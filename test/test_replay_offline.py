@@ -1,5 +1,6 @@
 """vla_policy_replay on generated bags: outputs, counts, determinism, cache hits, error messages."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -155,12 +156,32 @@ def sqlite_bag(tmp_path_factory):
     return write_sample_bag(tmp_path_factory.mktemp('cli') / 'bag', SampleBagSpec(duration_sec=1.5))
 
 
-def test_cli_reports_errors_with_exit_code_2(tmp_path):
-    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.offline', str(tmp_path / 'missing'),
-                             '--params', str(DEMO_PARAMS), '--output', str(tmp_path / 'out'), '--no-progress'],
+def _corrupt_bag(source, tmp_path):
+    corrupt = tmp_path / 'corrupt'
+    shutil.copytree(source, corrupt)
+    (corrupt / 'metadata.yaml').write_text('rosbag2_bagfile_information: {version: [\n')
+    return corrupt
+
+
+def _rate_params(tmp_path):
+    path = tmp_path / 'rate.yaml'
+    path.write_text(DEMO_PARAMS.read_text() + '    control_rate_hz: -3.0\n')   # the last key wins
+    return path
+
+
+@pytest.mark.parametrize('case, expected', [
+    ('missing', 'vla_policy_replay: error: no rosbag2 bag at'),
+    ('corrupt', 'vla_policy_replay: error: cannot open bag '),
+    ('rate', 'vla_policy_replay: error: control_rate_hz must be in [0.1, 100], got -3.0'),
+])
+def test_cli_reports_errors_on_one_line_with_exit_code_2(sqlite_bag, tmp_path, case, expected):
+    bag = {'missing': tmp_path / 'missing', 'corrupt': _corrupt_bag(sqlite_bag, tmp_path)}.get(case, sqlite_bag)
+    params = _rate_params(tmp_path) if case == 'rate' else DEMO_PARAMS
+    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.offline', str(bag),
+                             '--params', str(params), '--output', str(tmp_path / 'out'), '--no-progress'],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2
-    assert 'error: no rosbag2 bag at' in result.stderr
+    assert result.stderr.startswith(expected) and result.stderr.count('\n') == 1, result.stderr
 
 
 def test_cli_end_to_end_prints_the_summary(sqlite_bag, checkpoint, tmp_path):

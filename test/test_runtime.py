@@ -177,6 +177,13 @@ def _bad_observations():
         'ambiguous_encoding': (make_observation({CAMERAS[0]: RawImage(24, 40, '8UC3', 120, False, data)}),
                                f'images.{CAMERAS[0]}'),
         'empty_compressed': (make_observation({CAMERAS[0]: CompressedFrame('jpeg', b'')}), f'images.{CAMERAS[0]}'),
+        'depth_32fc1': (make_observation({CAMERAS[0]: RawImage(24, 40, '32FC1', 160, False,
+                                                               np.full(24 * 40, np.nan, np.float32).tobytes())}),
+                        f'images.{CAMERAS[0]}'),
+        'oversized_raw': (make_observation({CAMERAS[0]: RawImage(5000, 5000, 'rgb8', 15000, False, data)}),
+                          f'images.{CAMERAS[0]}'),
+        'oversized_array': (make_observation({CAMERAS[0]: np.zeros((4097, 4096, 3), np.uint8)}),
+                            f'images.{CAMERAS[0]}'),
         'float_array': (make_observation({CAMERAS[0]: img.astype(np.float32)}), f'images.{CAMERAS[0]}'),
         'grey_array': (make_observation({CAMERAS[1]: img[:, :, :1]}), f'images.{CAMERAS[1]}'),
     }

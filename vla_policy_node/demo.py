@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
+SHIPPED_PARAMS = ROOT / 'config' / 'vla_policy.yaml'
 TRAJECTORY_TYPE = 'trajectory_msgs/msg/JointTrajectory'
 ACTIVE_TIMEOUT_SEC = 120.0
 
@@ -139,12 +140,16 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, obj
     from .replay.bag_io import bag_topics, read_messages
     from .replay.play import play
     from .params import DEFAULT_TRAJECTORY_TOPIC
+    from .settings import absolute_topic
 
     live_bag = output / 'live_trajectories'
     shutil.rmtree(live_bag, ignore_errors=True)
     log_path = output / 'node.log'
-    # Keep the demo's DDS traffic on this machine (before rclpy reads the environment).
+    # Keep the demo's DDS traffic on this machine, and let camera frames through whatever their size
+    # (Fast DDS's default UDP transport drops most large frames; README "Troubleshooting"). Both before
+    # rclpy reads the environment and before the node inherits it.
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
+    os.environ.setdefault('FASTDDS_BUILTIN_TRANSPORTS', 'LARGE_DATA')
     command = node_command(paths['checkpoint'])
     _say('[demo] starting the node: ' + ' '.join(command))
     with open(log_path, 'w') as log:
@@ -152,7 +157,7 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, obj
     context = Context()
     rclpy.init(context=context)
     executor = SingleThreadedExecutor(context=context)
-    monitor = Monitor(context, DEFAULT_TRAJECTORY_TOPIC, live_bag)
+    monitor = Monitor(context, absolute_topic(DEFAULT_TRAJECTORY_TOPIC), live_bag)
     executor.add_node(monitor.node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
@@ -224,11 +229,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _say(f'live trajectories (rosbag2): {live["live_bag"]}')
     _say(f'node log: {live["log"]}')
     _say(f'report: {report}/summary.json, {report}/chunks.png, {report}/latency.png, {report}/trajectories/')
+    shipped = os.path.relpath(SHIPPED_PARAMS)
     _say('\nNOTE: the policy has RANDOM weights (the embedded tiny default): the trajectories exercise the '
-         'whole pipeline but mean nothing.\nTo run a real policy, point the node at a lerobot pi0/pi0.5 '
-         'pretrained_model folder:\n  vla_policy_node --ros-args --params-file config/vla_policy.yaml '
-         '-p checkpoint_path:=/path/to/pretrained_model -p tokenizer_path:=/path/to/tokenizer.model\n'
-         '(README: "Getting a real checkpoint").')
+         f'whole pipeline but mean nothing. The shipped parameters run the same default as they are:\n'
+         f'  vla_policy_node --ros-args --params-file {shipped}\n'
+         f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0/pi0.5 '
+         'pretrained_model folder), tokenizer_path, joint_names and the camera topics, then:\n'
+         '  vla_policy_node --ros-args --params-file robot.yaml\n'
+         '(README: "Getting a real checkpoint"; the console scripts are in .venv/bin: `. .venv/bin/activate`).')
     return 0 if live['trajectories'] else 1
 
 

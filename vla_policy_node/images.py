@@ -10,27 +10,41 @@ Pipeline:
 
 * :func:`frame_from_msg` turns a message into a :class:`RawImage` or
   :class:`CompressedFrame` without copying the pixel buffer.
+* :func:`check_frame` is the runtime's one check of a frame before any
+  decoding: encoding, size (``max_pixels``, read from the raw message or from
+  the JPEG/PNG header bytes) and geometry.
 * :func:`decode_frame` turns a frame into the canonical array: ``[H, W, 3]``
-  RGB (or ``[H, W, 1]`` for grey/depth) with the source's dtype (uint8,
-  uint16 or float32). Raw images are returned as views of the message buffer
-  whenever the layout allows it, so decoding a 1080p frame costs no copy.
+  RGB (or ``[H, W, 1]`` grey), uint8. Raw images are returned as views of the
+  message buffer whenever the layout allows it, so decoding a 1080p frame
+  costs no copy.
+
+Camera frames are 8-bit: the policies are trained on 8-bit colour frames
+(lerobot's camera and dataset frames are uint8). A 16-bit or float frame
+(mono16, 16UC1, 32FC1: depth, thermal) on a camera input is refused, naming
+its encoding, rather than squeezed into [0, 1] by a guess (a 32FC1 depth
+frame full of NaN would otherwise reach the model as a black picture).
 """
 
 from __future__ import annotations
 
 import io
-import sys
+import re
 from dataclasses import dataclass
-from typing import Dict, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "MAX_PIXELS_LIMIT",
     "SUPPORTED_ENCODINGS",
     "CompressedFrame",
+    "CompressedHeader",
     "Frame",
     "ImageDecodeError",
     "RawImage",
+    "check_frame",
+    "compressed_header",
     "decode_frame",
     "frame_buffer",
     "frame_from_msg",
@@ -70,10 +84,19 @@ Frame = Union[RawImage, CompressedFrame]
 
 
 @dataclass(frozen=True)
-class _PixelLayout:
-    """How one raw encoding lays out a pixel in memory."""
+class CompressedHeader:
+    """What the first bytes of a JPEG or PNG say, read without decoding."""
 
-    dtype: np.dtype
+    kind: str        # 'JPEG' or 'PNG'
+    width: int
+    height: int
+    bits: int        # per sample: 8 for the frames cameras take
+
+
+@dataclass(frozen=True)
+class _PixelLayout:
+    """How one raw 8-bit encoding lays out a pixel in memory."""
+
     channels: int
     # Channel indices that produce RGB (or the single grey channel) from the
     # stored channels; a slice so the result stays a view.
@@ -85,25 +108,38 @@ _BGR_TO_RGB = slice(2, None, -1)  # channels 2, 1, 0; also drops alpha of bgra
 _GREY = slice(0, 1)
 
 _LAYOUTS: Dict[str, _PixelLayout] = {
-    "rgb8": _PixelLayout(np.dtype(np.uint8), 3, _RGB),
-    "bgr8": _PixelLayout(np.dtype(np.uint8), 3, _BGR_TO_RGB),
-    "rgba8": _PixelLayout(np.dtype(np.uint8), 4, _RGB),
-    "bgra8": _PixelLayout(np.dtype(np.uint8), 4, _BGR_TO_RGB),
-    "mono8": _PixelLayout(np.dtype(np.uint8), 1, _GREY),
+    "rgb8": _PixelLayout(3, _RGB),
+    "bgr8": _PixelLayout(3, _BGR_TO_RGB),
+    "rgba8": _PixelLayout(4, _RGB),
+    "bgra8": _PixelLayout(4, _BGR_TO_RGB),
+    "mono8": _PixelLayout(1, _GREY),
     # A single 8-bit channel has only one possible meaning, unlike 8UC3.
-    "8UC1": _PixelLayout(np.dtype(np.uint8), 1, _GREY),
-    "mono16": _PixelLayout(np.dtype(np.uint16), 1, _GREY),
-    "16UC1": _PixelLayout(np.dtype(np.uint16), 1, _GREY),
-    "32FC1": _PixelLayout(np.dtype(np.float32), 1, _GREY),
+    "8UC1": _PixelLayout(1, _GREY),
 }
 
 SUPPORTED_ENCODINGS: Tuple[str, ...] = tuple(_LAYOUTS)
 
 # Generic multi-channel OpenCV types say nothing about channel order, so
 # guessing BGR (as many drivers do) could silently swap red and blue.
-_AMBIGUOUS_ENCODINGS = ("8UC2", "8UC3", "8UC4", "16UC3", "16UC4", "32FC3", "32FC4")
+_AMBIGUOUS_ENCODINGS = ("8UC2", "8UC3", "8UC4")
 
-_HOST_IS_BIG_ENDIAN = sys.byteorder == "big"
+# sensor_msgs/image_encodings names with wider samples: 16UC1, 32FC1, 64FC3 ...
+# (OpenCV style) and mono16, rgba16, bayer_rggb16 ... (16-bit ROS names).
+_OPENCV_ENCODING = re.compile(r"^(\d+)([USF])C(\d+)$")
+_SIXTEEN_BIT_ENCODING = re.compile(r"^(mono|rgb|bgr|rgba|bgra|bayer_[a-z]+)16$")
+
+# Frames above DEFAULT_MAX_PIXELS are refused before decoding: 4096 x 4096 is above any robot camera
+# (4K UHD is 8.3 Mpx, a 12 Mpx sensor 4000 x 3000) and bounds one decoded rgb8 frame to 48 MiB (192 MiB
+# as the float tensor resized on the device); a Jetson shares its 8-16 GB between CPU and GPU.
+# MAX_PIXELS_LIMIT (8192 x 8192) stays below Pillow's decompression-bomb warning (89.5 Mpx).
+DEFAULT_MAX_PIXELS = 4096 * 4096
+MAX_PIXELS_LIMIT = 8192 * 8192
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers (ITU T.81 table B.1): every SOFn but DHT (C4), JPG (C8) and DAC (CC).
+_JPEG_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Markers without a length field: TEM, RST0-7, SOI.
+_JPEG_STANDALONE_MARKERS = frozenset([0x01, 0xD8] + list(range(0xD0, 0xD8)))
 
 _RAW_FIELDS = ("height", "width", "encoding", "step", "is_bigendian", "data")
 
@@ -184,11 +220,11 @@ def _copy_to_byte_view(data: object) -> memoryview:
 
 
 def decode_frame(frame: Frame) -> np.ndarray:
-    """Decode a frame to the canonical ``[H, W, 3]`` RGB / ``[H, W, 1]`` grey array.
+    """Decode a frame to the canonical uint8 ``[H, W, 3]`` RGB / ``[H, W, 1]`` grey array.
 
-    The dtype is the source's (uint8, uint16 or float32). Raw images are views
-    of the message buffer unless a byteswap is needed, so the result may be
-    read-only and must not outlive assumptions about the message's lifetime.
+    Raw images are views of the message buffer, so the result may be read-only
+    and must not outlive assumptions about the message's lifetime. Call
+    ``check_frame`` first to bound the size.
     """
     if isinstance(frame, RawImage):
         return _decode_raw(frame)
@@ -199,22 +235,34 @@ def decode_frame(frame: Frame) -> np.ndarray:
     )
 
 
-def check_frame(frame: Frame) -> None:
-    """Cheap validity check without decoding pixels (raises ImageDecodeError).
+def check_frame(frame: Frame, max_pixels: Optional[int] = None) -> None:
+    """The one validity check of a frame, without decoding pixels (raises ImageDecodeError).
 
-    Raw images: known encoding, sane geometry, enough bytes. Compressed: some
-    bytes, not compressedDepth. Lets a caller reject a bad frame before it
-    touches the prefix cache; a corrupt JPEG body is only found by decoding.
+    Raw images: a known 8-bit encoding, at most ``max_pixels`` pixels, sane
+    geometry, enough bytes. Compressed: a JPEG or PNG whose header (a few
+    bytes, read without decoding) gives an 8-bit image of at most
+    ``max_pixels`` pixels; not compressedDepth. Lets a caller refuse a bad or
+    huge frame before it touches the prefix cache or allocates pixels; a
+    corrupt JPEG body is only found by decoding.
     """
     if isinstance(frame, RawImage):
-        _check_raw_geometry(frame, _layout_for(frame.encoding), frame_buffer(frame).nbytes)
+        layout = _layout_for(frame.encoding)
+        _check_size(f"{frame.encoding} image", frame.width, frame.height, max_pixels)
+        _check_raw_geometry(frame, layout, frame_buffer(frame).nbytes)
     elif isinstance(frame, CompressedFrame):
-        _reject_compressed_depth(frame.format)
-        if frame_buffer(frame).nbytes == 0:
-            raise ImageDecodeError(f"compressed image ({frame.format}) has no data")
+        header = compressed_header(frame)
+        _check_size(f"compressed {header.kind} image", header.width, header.height, max_pixels)
     else:
         raise ImageDecodeError(
             f"expected RawImage or CompressedFrame, got {type(frame).__name__}"
+        )
+
+
+def _check_size(what: str, width: int, height: int, max_pixels: Optional[int]) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageDecodeError(
+            f"{what} is {width}x{height} = {width * height} pixels, more than "
+            f"max_image_pixels {max_pixels}; refused before decoding"
         )
 
 
@@ -227,10 +275,27 @@ def _layout_for(encoding: str) -> _PixelLayout:
             f"encoding {encoding!r} has no defined channel order; "
             f"publish one of {', '.join(SUPPORTED_ENCODINGS)}"
         )
+    wide = _wide_samples(encoding)
+    if wide:
+        raise ImageDecodeError(
+            f"encoding {encoding!r} has {wide} samples (a depth or high-bit-depth "
+            f"frame?): camera inputs are 8-bit, one of {', '.join(SUPPORTED_ENCODINGS)}"
+        )
     raise ImageDecodeError(
         f"unsupported image encoding {encoding!r}; "
         f"supported: {', '.join(SUPPORTED_ENCODINGS)}"
     )
+
+
+def _wide_samples(encoding: str) -> str:
+    """'16-bit', '32-bit float' ... for an encoding with samples wider than 8 bits; '' otherwise."""
+    if _SIXTEEN_BIT_ENCODING.match(encoding):
+        return "16-bit"
+    opencv = _OPENCV_ENCODING.match(encoding)
+    if opencv and opencv.group(1) != "8":
+        kind = {"U": "", "S": " signed", "F": " float"}[opencv.group(2)]
+        return f"{opencv.group(1)}-bit{kind}"
+    return ""
 
 
 def _check_raw_geometry(frame: RawImage, layout: _PixelLayout, available: int) -> None:
@@ -239,17 +304,11 @@ def _check_raw_geometry(frame: RawImage, layout: _PixelLayout, available: int) -
         raise ImageDecodeError(
             f"{frame.encoding} image has empty size {width}x{height}"
         )
-    itemsize = layout.dtype.itemsize
-    row_bytes = width * layout.channels * itemsize
+    row_bytes = width * layout.channels
     if step < row_bytes:
         raise ImageDecodeError(
             f"{frame.encoding} image {width}x{height}: step {step} is smaller "
             f"than one row of pixels ({row_bytes} bytes)"
-        )
-    if step % itemsize:
-        raise ImageDecodeError(
-            f"{frame.encoding} image: step {step} is not a multiple of the "
-            f"{itemsize}-byte sample size"
         )
     expected = step * height
     if available < expected:
@@ -263,21 +322,97 @@ def _decode_raw(frame: RawImage) -> np.ndarray:
     layout = _layout_for(frame.encoding)
     buffer = frame_buffer(frame)
     _check_raw_geometry(frame, layout, buffer.nbytes)
-
-    stored_order = ">" if frame.is_bigendian else "<"
-    stored_dtype = layout.dtype.newbyteorder(stored_order)
-    itemsize = layout.dtype.itemsize
-    # Explicit strides express the row padding (step) without copying.
+    # Explicit strides express the row padding (step) without copying; 8-bit
+    # samples have no byte order, so is_bigendian does not matter.
     stored = np.ndarray(
         shape=(frame.height, frame.width, layout.channels),
-        dtype=stored_dtype,
+        dtype=np.uint8,
         buffer=buffer,
-        strides=(frame.step, layout.channels * itemsize, itemsize),
+        strides=(frame.step, layout.channels, 1),
     )
-    canonical = stored[:, :, layout.to_canonical]
-    if itemsize > 1 and frame.is_bigendian != _HOST_IS_BIG_ENDIAN:
-        return canonical.astype(layout.dtype.newbyteorder("="))
-    return canonical
+    return stored[:, :, layout.to_canonical]
+
+
+# --------------------------------------------------------------------------
+# Compressed frames
+# --------------------------------------------------------------------------
+
+
+def compressed_header(frame: CompressedFrame) -> CompressedHeader:
+    """Kind, size and sample depth from the first bytes of a JPEG or PNG (raises ImageDecodeError).
+
+    Only the header is read (PNG: the IHDR chunk; JPEG: marker segments up to
+    the first start-of-frame), so a frame can be refused before any pixel is
+    allocated. Also refuses compressedDepth and anything wider than 8 bits.
+    """
+    _reject_compressed_depth(frame.format)
+    data = frame_buffer(frame)
+    if data.nbytes == 0:
+        raise ImageDecodeError(f"compressed image ({frame.format!r}) has no data")
+    if bytes(data[:8]) == _PNG_SIGNATURE:
+        header = _png_header(data, frame.format)
+    elif bytes(data[:2]) == b"\xff\xd8":
+        header = _jpeg_header(data, frame.format)
+    else:
+        raise ImageDecodeError(
+            f"compressed image ({frame.format!r}, {data.nbytes} bytes) is neither "
+            "a JPEG nor a PNG"
+        )
+    if header.width <= 0 or header.height <= 0:
+        raise ImageDecodeError(
+            f"compressed {header.kind} image ({frame.format!r}) has no size in its "
+            f"header ({header.width}x{header.height})"
+        )
+    if header.bits > 8:
+        raise ImageDecodeError(
+            f"compressed {header.kind} image ({frame.format!r}) has {header.bits}-bit "
+            "samples (a depth or high-bit-depth frame?): camera inputs are 8-bit"
+        )
+    return header
+
+
+def _png_header(data: memoryview, image_format: str) -> CompressedHeader:
+    # Signature, then the IHDR chunk first (PNG spec 5.2/11.2.2): length, type,
+    # width, height (big-endian uint32), bit depth, colour type ...
+    if data.nbytes < 26 or bytes(data[12:16]) != b"IHDR":
+        raise ImageDecodeError(
+            f"PNG image ({image_format!r}, {data.nbytes} bytes) has no IHDR header"
+        )
+    width = int.from_bytes(data[16:20], "big")
+    height = int.from_bytes(data[20:24], "big")
+    return CompressedHeader("PNG", width, height, int(data[24]))
+
+
+def _jpeg_header(data: memoryview, image_format: str) -> CompressedHeader:
+    # Marker segments after SOI: 0xFF, marker, big-endian length (counting
+    # itself) and payload; the frame header (SOFn) holds precision, height,
+    # width (ITU T.81 B.2.2). Each step moves on by at least 2 bytes.
+    position, size = 2, data.nbytes
+    while position < size:
+        if data[position] != 0xFF:
+            break
+        while position < size and data[position] == 0xFF:  # fill bytes
+            position += 1
+        if position >= size:
+            break
+        marker = data[position]
+        position += 1
+        if marker in _JPEG_STANDALONE_MARKERS:
+            continue
+        if marker in (0xD9, 0xDA) or position + 2 > size:  # EOI or start of scan before any frame header
+            break
+        length = int.from_bytes(data[position:position + 2], "big")
+        if marker in _JPEG_SOF_MARKERS and length >= 8 and position + 7 <= size:
+            precision = int(data[position + 2])
+            height = int.from_bytes(data[position + 3:position + 5], "big")
+            width = int.from_bytes(data[position + 5:position + 7], "big")
+            return CompressedHeader("JPEG", width, height, precision)
+        if length < 2:
+            break
+        position += length
+    raise ImageDecodeError(
+        f"JPEG image ({image_format!r}, {data.nbytes} bytes) has no readable frame header"
+    )
 
 
 def _reject_compressed_depth(image_format: str) -> None:
@@ -290,18 +425,15 @@ def _reject_compressed_depth(image_format: str) -> None:
 
 
 def _decode_compressed(frame: CompressedFrame) -> np.ndarray:
-    image_format = frame.format
-    _reject_compressed_depth(image_format)
-    image = _open_with_pillow(image_format, frame_buffer(frame))
-    return _pillow_to_canonical(image, image_format)
+    compressed_header(frame)                    # JPEG or PNG, 8-bit: what Pillow may open
+    image = _open_with_pillow(frame.format, frame_buffer(frame))
+    return _pillow_to_canonical(image, frame.format)
 
 
 def _open_with_pillow(image_format: str, buffer: memoryview):
     # Imported lazily so raw-only users do not pay for Pillow's import.
     from PIL import Image
 
-    if buffer.nbytes == 0:
-        raise ImageDecodeError(f"compressed image ({image_format!r}) has no data")
     try:
         image = Image.open(io.BytesIO(buffer), formats=("JPEG", "PNG"))
         image.load()
@@ -315,16 +447,11 @@ def _open_with_pillow(image_format: str, buffer: memoryview):
 
 def _pillow_to_canonical(image, image_format: str) -> np.ndarray:
     mode = image.mode
-    if mode in ("I;16", "I;16L", "I;16B", "I;16N"):
-        return _as_grey(np.asarray(image).astype(np.uint16, copy=False))
-    if mode == "I":
-        # Older Pillow opens 16-bit grey PNG as 32-bit "I"; values fit uint16.
-        pixels = np.asarray(image)
-        return _as_grey(np.clip(pixels, 0, 65535).astype(np.uint16))
     if mode in ("L", "1"):
-        return _as_grey(np.asarray(image.convert("L")))
+        pixels = np.asarray(image.convert("L"))
+        return pixels.reshape(pixels.shape[0], pixels.shape[1], 1)
     if mode != "RGB":
-        image = image.convert("RGB")
+        image = image.convert("RGB")            # palette, alpha, CMYK, YCbCr; 8-bit all
     pixels = np.asarray(image)
     if pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ImageDecodeError(
@@ -332,7 +459,3 @@ def _pillow_to_canonical(image, image_format: str) -> np.ndarray:
             f"{pixels.shape} from mode {mode!r}"
         )
     return pixels
-
-
-def _as_grey(pixels: np.ndarray) -> np.ndarray:
-    return pixels.reshape(pixels.shape[0], pixels.shape[1], 1)

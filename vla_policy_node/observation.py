@@ -246,6 +246,11 @@ class InputBuffer:
             self._instruction = None
 
     # ---- reader (tick) ------------------------------------------------------------------------------
+    def instruction(self) -> Optional[str]:
+        """The latest instruction received, if any (diagnostics; a tick checks it in ``assemble``)."""
+        with self._lock:
+            return None if self._instruction is None else str(self._instruction.value)
+
     def camera_ages(self, now_ns: int) -> Dict[str, float]:
         with self._lock:
             return {name: (now_ns - entry.stamp_ns) / NS_PER_SEC for name, entry in self._cameras.items()}

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import yaml
 
 from .handover import CHUNKING_MODES, DELAY_MODES
+from .images import DEFAULT_MAX_PIXELS, MAX_PIXELS_LIMIT
 from .observation import MAX_INSTRUCTION_CHARS
 from .policy.relative_actions import relative_action_mask
 from .policy.rtc import RTC_MODES, SCHEDULES
@@ -27,7 +28,12 @@ from .trajectory import STAMP_MODES
 
 NODE_NAME = 'vla_policy'
 BUILTIN_TINY = 'builtin:tiny'
-DEFAULT_TRAJECTORY_TOPIC = '/joint_trajectory_controller/joint_trajectory'
+# Topic names without a leading slash are relative: they resolve in the node's namespace
+# (`ros2 launch ... namespace:=arm` gives /arm/joint_states), as ROS nodes conventionally do.
+DEFAULT_TRAJECTORY_TOPIC = 'joint_trajectory_controller/joint_trajectory'
+# The joints config/vla_policy.yaml ships, so the file runs as is with builtin:tiny (6 actions) and the
+# sample bag; a real robot names its own.
+TINY_JOINT_NAMES = ('joint_1', 'joint_2', 'joint_3', 'joint_4', 'joint_5', 'joint_6')
 CAMERA_TYPES = ('raw', 'compressed')
 INSTRUCTION_DURABILITIES = ('volatile', 'transient_local')
 TYPE_NAMES = ('bool', 'int', 'double', 'string', 'string_array', 'double_array')
@@ -60,6 +66,8 @@ class ParamSpec:
     model_max: Optional[str] = None         # value <= this attribute of the checkpoint config
     model_members: Optional[str] = None     # every element is in this attribute of the checkpoint config
     model_requires: Optional[Tuple[str, str]] = None   # (value, attribute): that value needs attribute > 0
+    # ---- documentation ---------------------------------------------------------------------------------
+    shipped: Any = None                     # the value config/vla_policy.yaml ships instead of the default
 
     @property
     def live(self) -> bool:
@@ -99,24 +107,25 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'Checkpoint camera names in camera order; unset: every camera of the checkpoint.', read_only=True,
               unique=True, model_default='camera_names', model_members='camera_names'),
     ParamSpec('camera_topics', None, 'string_array',
-              'One topic per camera; unset: /cameras/<name>/image_raw (+ /compressed for compressed cameras).',
+              'One topic per camera; unset: cameras/<name>/image_raw (+ /compressed for compressed cameras).',
               read_only=True, same_length_as='camera_names'),
     ParamSpec('camera_types', None, 'string_array',
               'Per camera: raw (sensor_msgs/Image) or compressed (sensor_msgs/CompressedImage); unset: all raw.',
               read_only=True, choices=CAMERA_TYPES, same_length_as='camera_names'),
-    ParamSpec('instruction_topic', '/instruction', 'string', 'std_msgs/String with the task text.', read_only=True),
+    ParamSpec('instruction_topic', 'instruction', 'string', 'std_msgs/String with the task text.', read_only=True),
     ParamSpec('instruction_durability', 'volatile', 'string',
               'QoS durability of the instruction subscription. transient_local receives a latched instruction '
               'but does not match volatile publishers such as plain `ros2 topic pub`.', read_only=True,
               choices=INSTRUCTION_DURABILITIES),
-    ParamSpec('joint_states_topic', '/joint_states', 'string', 'sensor_msgs/JointState feeding the state vector.',
+    ParamSpec('joint_states_topic', 'joint_states', 'string', 'sensor_msgs/JointState feeding the state vector.',
               read_only=True),
     ParamSpec('trajectory_topic', DEFAULT_TRAJECTORY_TOPIC, 'string',
               'trajectory_msgs/JointTrajectory output (a joint_trajectory_controller command topic).',
               read_only=True),
     ParamSpec('joint_names', None, 'string_array',
-              'Joints commanded by the trajectory, one per action dimension of the checkpoint. Required.',
-              read_only=True, required=True, unique=True, model_length='action_dim'),
+              'Joints commanded by the trajectory, one per action dimension of the checkpoint. Required '
+              '(config/vla_policy.yaml ships the 6 joints of builtin:tiny and the sample bag).',
+              read_only=True, required=True, unique=True, model_length='action_dim', shipped=TINY_JOINT_NAMES),
     ParamSpec('state_joint_names', None, 'string_array',
               'Joints read from joint states into the state vector, in order; unset: joint_names.', read_only=True,
               unique=True, falls_back_to='joint_names', model_length='state_dim'),
@@ -200,6 +209,10 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               min_value=0.0, max_value=60.0),
     ParamSpec('max_joint_state_age_sec', 0.5, 'double', 'Skip the tick when the joint state is older.',
               min_value=0.0, max_value=60.0),
+    ParamSpec('max_image_pixels', DEFAULT_MAX_PIXELS, 'int',
+              'Skip the tick (bad_image) when a camera frame has more pixels (width x height, read from the '
+              'raw message or the JPEG/PNG header before any decoding). The default, 4096 x 4096, admits any '
+              'robot camera and bounds the memory one frame can take.', min_value=1, max_value=MAX_PIXELS_LIMIT),
     ParamSpec('cache_enabled', True, 'bool', 'Reuse the prefix K/V of a repeated observation.'),
     ParamSpec('cache_max_bytes', 1 << 30, 'int', 'Device-memory budget of the prefix cache in bytes.',
               min_value=0, max_value=1 << 40),
@@ -245,12 +258,16 @@ def value_problem(spec: ParamSpec, value: Any) -> Optional[str]:
     if spec.type_name in ('double', 'double_array') and not all(math.isfinite(v) for v in elements):
         return f'{spec.name} must be finite, got {value!r}'
     if spec.min_value is not None and not all(spec.min_value <= v <= spec.max_value for v in elements):
-        return f'{spec.name} must be in [{spec.min_value:g}, {spec.max_value:g}], got {value!r}'
+        return f'{spec.name} must be in [{_bound(spec, spec.min_value)}, {_bound(spec, spec.max_value)}], got {value!r}'
     if spec.choices and not all(v in spec.choices for v in elements):
         return f'{spec.name} must be one of {list(spec.choices)}, got {value!r}'
     if spec.unique and len(set(elements)) != len(elements):
         return f'{spec.name} has duplicates: {list(elements)}'
     return None
+
+
+def _bound(spec: ParamSpec, bound: float) -> str:
+    return str(int(bound)) if spec.type_name == 'int' else f'{bound:g}'
 
 
 def _type_problem(spec: ParamSpec, value: Any) -> Optional[str]:
@@ -377,7 +394,7 @@ def markdown_table() -> str:
         if spec.choices:
             bounds = ', '.join(spec.choices)
         elif spec.min_value is not None:
-            bounds = f'{spec.min_value:g} .. {spec.max_value:g}'
+            bounds = f'{_bound(spec, spec.min_value)} .. {_bound(spec, spec.max_value)}'
         else:
             bounds = ''
         lines.append(f'| `{spec.name}` | {spec.type_name} | {_format_default(spec)} | '
@@ -386,21 +403,22 @@ def markdown_table() -> str:
 
 
 TOPICS: Tuple[Tuple[str, str, str, str], ...] = (
-    # (direction, topic (parameter that sets it), type, QoS)
-    ('in', '`/cameras/<name>/image_raw` per camera (`camera_topics`)', 'sensor_msgs/Image or CompressedImage '
+    # (direction, topic (parameter that sets it), type, QoS); relative names resolve in the node's namespace
+    ('in', '`cameras/<name>/image_raw` per camera (`camera_topics`)', 'sensor_msgs/Image or CompressedImage '
      '(`camera_types`)', 'sensor data: best effort, keep last 5'),
-    ('in', '`/instruction` (`instruction_topic`)', 'std_msgs/String', 'reliable, depth 1, '
+    ('in', '`instruction` (`instruction_topic`)', 'std_msgs/String', 'reliable, depth 1, '
      'durability `instruction_durability`'),
-    ('in', '`/joint_states` (`joint_states_topic`)', 'sensor_msgs/JointState', 'sensor data: best effort'),
+    ('in', '`joint_states` (`joint_states_topic`)', 'sensor_msgs/JointState', 'sensor data: best effort'),
     ('in', '`enable` (`enable_topic`)', 'std_msgs/Bool (deadman, with `require_enable`)', 'reliable, depth 10'),
     ('in', '`estop` (`estop_topic`)', 'std_msgs/Bool (`true` latches a hold)', 'reliable, depth 10'),
     ('in', '`/clock` (with `use_sim_time`)', 'rosgraph_msgs/Clock', 'ROS default'),
     ('out', f'`{DEFAULT_TRAJECTORY_TOPIC}` (`trajectory_topic`)', 'trajectory_msgs/JointTrajectory',
      'reliable, depth 10 (lifecycle publisher: only while active)'),
-    ('out', '`/diagnostics`', 'diagnostic_msgs/DiagnosticArray', 'reliable, depth 10, every '
-     '`diagnostics_period_sec`'),
-    ('srv', '`/vla_policy/change_state`, `get_state`, ...', 'lifecycle_msgs', 'lifecycle services'),
-    ('srv', '`/vla_policy/reset_estop`', 'std_srvs/Trigger', 'release a latched e-stop (input must be false)'),
+    ('out', '`/diagnostics` (status name `<node>: policy`, e.g. `/arm/vla_policy: policy`)',
+     'diagnostic_msgs/DiagnosticArray', 'reliable, depth 10, every `diagnostics_period_sec`'),
+    ('srv', '`~/change_state`, `~/get_state`, ... (`/vla_policy/...` in the root namespace)', 'lifecycle_msgs',
+     'lifecycle services'),
+    ('srv', '`~/reset_estop`', 'std_srvs/Trigger', 'release a latched e-stop (input must be false)'),
 )
 
 
@@ -414,19 +432,28 @@ def yaml_document(section: str = f'/**/{NODE_NAME}') -> List[str]:
     """Lines of a params file documenting every parameter (commented where unset)."""
     lines = ['# Every parameter of vla_policy_node with its default. Generated by',
              '#   python -m vla_policy_node.params --yaml > config/vla_policy.yaml',
+             '# It runs as is (`vla_policy_node --ros-args --params-file config/vla_policy.yaml`) with the',
+             '# embedded builtin:tiny checkpoint (RANDOM weights); for a robot set checkpoint_path and joint_names.',
              f'# "{section}" matches the node in any namespace.',
              f'{section}:', '  ros__parameters:']
     for spec in PARAMETERS:
         lines.append(f'    # {spec.description}' + (' (restart to change)' if spec.read_only else ''))
-        if spec.default is None:
+        value = spec.default if spec.shipped is None else spec.shipped
+        if value is None:
             lines.append(f'    # {spec.name}: []')
-        elif isinstance(spec.default, str):
-            lines.append(f'    {spec.name}: "{spec.default}"')
-        elif isinstance(spec.default, bool):
-            lines.append(f'    {spec.name}: {str(spec.default).lower()}')
         else:
-            lines.append(f'    {spec.name}: {spec.default}')
+            lines.append(f'    {spec.name}: {_yaml_value(value)}')
     return lines
+
+
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return '[' + ', '.join(_yaml_value(v) for v in value) + ']'
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def update_readme(path: Path) -> None:

@@ -22,7 +22,8 @@ import torch
 
 from .cache import PrefixCache, PrefixContext, PrefixKeyBuilder
 from .cache.key import weights_digest
-from .images import CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame, frame_from_msg
+from .images import (DEFAULT_MAX_PIXELS, CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame,
+                     frame_from_msg)
 from .observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from .policy.checkpoint import load_checkpoint
 from .policy.config import PolicyConfig
@@ -173,10 +174,12 @@ class PolicyRuntime:
                    weights_digest(str(loaded.weights_path)), **options)
 
     # ---- content checks (the observation contract's second half; timing is InputBuffer's) ----------
-    def _camera_slots(self, images: Mapping[str, object]) -> List[Tuple[str, CameraInput]]:
+    def _camera_slots(self, images: Mapping[str, object],
+                      max_pixels: int = DEFAULT_MAX_PIXELS) -> List[Tuple[str, CameraInput]]:
         """Model slots as lerobot orders them: present cameras (config order), then the masked ones.
 
-        Messages become frames here (no copy); every frame is checked without decoding.
+        Messages become frames here (no copy); every frame is checked without decoding (encoding,
+        size against ``max_pixels``, geometry): a huge frame never allocates its pixels.
         """
         known = self.config.all_camera_names
         unknown = sorted(set(images) - set(known))
@@ -193,10 +196,13 @@ class PolicyRuntime:
                 if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8 or 0 in frame.shape:
                     raise ObservationError(f'images.{name}', f'arrays must be RGB uint8 [H, W, 3], got '
                                            f'{frame.dtype} {list(frame.shape)}', SkipReason.BAD_IMAGE)
+                if frame.shape[0] * frame.shape[1] > max_pixels:
+                    raise ObservationError(f'images.{name}', f'array is {frame.shape[1]}x{frame.shape[0]} pixels, '
+                                           f'more than max_image_pixels {max_pixels}', SkipReason.BAD_IMAGE)
             else:
                 try:
                     frame = frame_from_msg(frame)
-                    check_frame(frame)
+                    check_frame(frame, max_pixels)
                 except ImageDecodeError as exc:
                     raise ObservationError(f'images.{name}', str(exc), SkipReason.BAD_IMAGE) from exc
             present.append((name, frame))
@@ -245,9 +251,10 @@ class PolicyRuntime:
         return torch.randn(shape, generator=generator).to(self.device)
 
     # ---- inference -------------------------------------------------------------------------
-    def _prepare(self, observation: Observation, max_instruction_length: int = MAX_INSTRUCTION_CHARS) -> _Prepared:
+    def _prepare(self, observation: Observation, max_instruction_length: int = MAX_INSTRUCTION_CHARS,
+                 max_image_pixels: int = DEFAULT_MAX_PIXELS) -> _Prepared:
         """Validate, normalise the state and tokenise."""
-        slots = self._camera_slots(observation.images)
+        slots = self._camera_slots(observation.images, max_image_pixels)
         raw_state = self._checked_state(observation.state)
         normalized = self.state_normalizer.normalize(raw_state)
         tokens, token_mask = self._tokens(self._instruction(observation.instruction, max_instruction_length),
@@ -301,7 +308,7 @@ class PolicyRuntime:
     def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
               seed: Optional[int] = None, num_steps: Optional[int] = None,
               use_cache: Optional[bool] = None,
-              max_instruction_length: int = MAX_INSTRUCTION_CHARS, *,
+              max_instruction_length: int = MAX_INSTRUCTION_CHARS, *, max_image_pixels: int = DEFAULT_MAX_PIXELS,
               prev_chunk_left_over: Optional[np.ndarray] = None, prev_actions: Optional[np.ndarray] = None,
               inference_delay: int = 0, execution_horizon: Optional[int] = None,
               rtc: Optional[RTCSettings] = None) -> ActionChunk:
@@ -313,25 +320,26 @@ class PolicyRuntime:
         cached prefix is the same, and a hit returns what a miss does for the same leftover.
 
         Bad input raises ObservationError. Everything checkable without decoding
-        (cameras, frame geometry, state, instruction, noise, leftover) is checked before
+        (cameras, frame encoding, size against ``max_image_pixels`` and geometry, state,
+        instruction, noise, leftover) is checked before
         the cache lookup; a corrupt compressed image is only found while
         decoding on a miss, and then nothing is stored.
         """
         with self._lock:
             return self._infer_locked(observation, noise, seed, num_steps,
                                       self.cache_enabled if use_cache is None else use_cache,
-                                      min(int(max_instruction_length), MAX_INSTRUCTION_CHARS),
+                                      (min(int(max_instruction_length), MAX_INSTRUCTION_CHARS), int(max_image_pixels)),
                                       dict(prev_chunk_left_over=prev_chunk_left_over, prev_actions=prev_actions,
                                            inference_delay=int(inference_delay),
                                            execution_horizon=execution_horizon, rtc=rtc))
 
     def _infer_locked(self, observation: Observation, noise: Optional[np.ndarray], seed: Optional[int],
-                      num_steps: Optional[int], use_cache: bool, max_instruction_length: int,
+                      num_steps: Optional[int], use_cache: bool, limits: Tuple[int, int],
                       continuation: Dict[str, object]) -> ActionChunk:
         cfg = self.config
         timer = _StageTimer(self.device)
         timer.start('hash')
-        prepared = self._prepare(observation, max_instruction_length)
+        prepared = self._prepare(observation, *limits)
         slots, tokens, token_mask = prepared.slots, prepared.tokens, prepared.token_mask
         steps = int(num_steps or self.num_steps)
         if steps < 1:

@@ -33,31 +33,35 @@ class Configured:
 
 
 def absolute_topic(name: str, namespace: str = '/') -> str:
-    """A topic name as recorded in a bag: relative names resolve in ``namespace`` (the replay has no node
-    namespace, so the root)."""
+    """A topic name resolved without remapping: relative names in ``namespace``. The replay's view (a bag
+    records absolute names and the replay has no node namespace, so the root); the node resolves with
+    rclpy's ``resolve_topic_name``, which also applies remappings and ``~``."""
     if name.startswith('/'):
         return name
     return namespace.rstrip('/') + '/' + name
 
 
 def default_camera_topic(name: str, compressed: bool = False) -> str:
-    return f'/cameras/{name}/image_raw' + ('/compressed' if compressed else '')
+    """Relative, so it follows the node's namespace."""
+    return f'cameras/{name}/image_raw' + ('/compressed' if compressed else '')
 
 
-def input_layout(values: Mapping[str, Any], config: PolicyConfig) -> InputLayout:
-    """Every input topic and the field it fills, in camera order (values already validated against config)."""
+def input_layout(values: Mapping[str, Any], config: PolicyConfig,
+                 resolve: Callable[[str], str] = absolute_topic) -> InputLayout:
+    """Every input topic, resolved (the name on the wire, as logs and skip reasons give it), and the field it
+    fills, in camera order (values already validated against config)."""
     names = list(effective(values, 'camera_names', config))
     kinds = list(values.get('camera_types') or ['raw'] * len(names))
     topics = list(values.get('camera_topics') or
                   [default_camera_topic(name, kind == 'compressed') for name, kind in zip(names, kinds)])
-    cameras = tuple(InputTopic(topic, InputKind.CAMERA, camera=name, compressed=kind == 'compressed')
+    cameras = tuple(InputTopic(resolve(topic), InputKind.CAMERA, camera=name, compressed=kind == 'compressed')
                     for name, topic, kind in zip(names, topics, kinds))
     return InputLayout(cameras=cameras,
-                       joint_states=InputTopic(values['joint_states_topic'], InputKind.JOINT_STATE),
-                       instruction=InputTopic(values['instruction_topic'], InputKind.INSTRUCTION),
+                       joint_states=InputTopic(resolve(values['joint_states_topic']), InputKind.JOINT_STATE),
+                       instruction=InputTopic(resolve(values['instruction_topic']), InputKind.INSTRUCTION),
                        state_joint_names=tuple(effective(values, 'state_joint_names')),
-                       operator=(InputTopic(values['enable_topic'], InputKind.ENABLE),
-                                 InputTopic(values['estop_topic'], InputKind.ESTOP)))
+                       operator=(InputTopic(resolve(values['enable_topic']), InputKind.ENABLE),
+                                 InputTopic(resolve(values['estop_topic']), InputKind.ESTOP)))
 
 
 def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSettings:
@@ -74,6 +78,7 @@ def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSetting
                         num_steps=values['num_steps'], seed=None if values['seed'] < 0 else values['seed'],
                         cache_enabled=values['cache_enabled'],
                         max_instruction_length=values['max_instruction_length'],
+                        max_image_pixels=values['max_image_pixels'],
                         rtc=rtc_settings(values), delay_mode=values['inference_delay_mode'],
                         delay_window=values['inference_delay_window'], delay_steps=values['inference_delay_steps'],
                         safety=safety_settings(values))
@@ -109,8 +114,10 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
 
 
 def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] = None,
-              warn: Optional[Callable[[str], None]] = None) -> Configured:
-    """Validate, load, validate against the checkpoint, lay out the inputs, warm up.
+              warn: Optional[Callable[[str], None]] = None,
+              resolve: Callable[[str], str] = absolute_topic) -> Configured:
+    """Validate, load, validate against the checkpoint, lay out the inputs (topics resolved by ``resolve``),
+    warm up.
 
     Raises ParameterError (a value), CheckpointError / ConfigError / TokenizerError
     (the checkpoint) or ValueError (device, dtype); nothing is left loaded on failure.
@@ -124,7 +131,7 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
     try:
         config = runtime.config
         validate(values, config)
-        layout = input_layout(values, config)
+        layout = input_layout(values, config, resolve)
         info(f'loaded {config.policy_type} from {values["checkpoint_path"]} on {runtime.device} ({runtime.dtype}); '
              f'cameras {[camera.topic for camera in layout.cameras]}; '
              f'one cached prefix = {runtime.prefix_bytes() / 2**20:.2f} MiB')

@@ -20,6 +20,7 @@ import numpy as np
 
 from .observation import (AssembledObservation, InputBuffer, InputLayout, Measured, ObservationError, SkipReason,
                           SkipTick, TimingLimits)
+from .images import DEFAULT_MAX_PIXELS
 from .handover import ChunkHandover, Continuation, ExecutingChunk, HandoverMetrics, elapsed_actions
 from .policy.rtc import RTCSettings
 from .runtime import STAGES, ActionChunk, PolicyRuntime
@@ -46,6 +47,7 @@ class TickSettings:
     seed: Optional[int] = None          # None: fresh noise every tick
     cache_enabled: bool = True
     max_instruction_length: int = 500
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
     rtc: Optional[RTCSettings] = None   # chunking 'rtc': continue the executing chunk; None: independent
     delay_mode: str = 'measured'        # how d is estimated (handover.DelayEstimator)
     delay_window: int = 20
@@ -279,6 +281,7 @@ class TickEngine:
             return self.runtime.infer(assembled.observation, seed=settings.seed, num_steps=settings.num_steps,
                                       use_cache=settings.cache_enabled,
                                       max_instruction_length=settings.max_instruction_length,
+                                      max_image_pixels=settings.max_image_pixels,
                                       prev_actions=continuation.leftover,
                                       inference_delay=continuation.delay, rtc=settings.rtc)
         except ObservationError as exc:

@@ -13,24 +13,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-_UNIT_SCALE = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}
-
 
 def image_to_unit_tensor(image: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Canonical decoded image [H, W, 3|1] (uint8, uint16 or float32) -> [3, H, W] fp32 in [0, 1] on ``device``.
+    """Canonical decoded image [H, W, 3|1] uint8 -> [3, H, W] fp32 in [0, 1] on ``device``.
 
-    The integer-to-float conversion runs on the device, so only the raw bytes cross the bus.
+    The uint8-to-float conversion runs on the device, so only the raw bytes cross the bus.
+    Camera frames are 8-bit (images.py refuses wider samples before they get here).
     """
-    if image.ndim != 3 or image.shape[2] not in (1, 3):
-        raise ValueError(f'expected an [H, W, 3] or [H, W, 1] image, got shape {image.shape}')
-    dtype = image.dtype.newbyteorder('=')
+    if image.ndim != 3 or image.shape[2] not in (1, 3) or image.dtype != np.uint8:
+        raise ValueError(f'expected a uint8 [H, W, 3] or [H, W, 1] image, got {image.dtype} {list(image.shape)}')
     # torch cannot wrap a read-only or negatively strided view (bgr8 is one): one host copy.
-    pixels = torch.from_numpy(np.array(image, dtype=dtype, order='C', copy=True)).to(device, non_blocking=True)
-    if dtype == np.uint16:
-        pixels = pixels.to(torch.int32)  # uint16 arithmetic is not supported on every device
-    scale = _UNIT_SCALE.get(dtype)
-    unit = pixels.float() / scale if scale else torch.nan_to_num(pixels.float(), nan=0.0, posinf=0.0, neginf=0.0)
-    unit = unit.clamp(0.0, 1.0).permute(2, 0, 1)                                          # [C, H, W]
+    pixels = torch.from_numpy(np.array(image, order='C', copy=True)).to(device, non_blocking=True)
+    unit = (pixels.float() / 255.0).permute(2, 0, 1)                                    # [C, H, W]
     return unit.expand(3, -1, -1) if unit.shape[0] == 1 else unit
 
 

@@ -70,11 +70,16 @@ def open_bag_reader(path: PathLike) -> Iterator[AnyReader]:
     except BagError:
         raise
     except Exception as err:  # rosbags raises several unrelated error types
-        raise BagError(f'cannot open bag {bag_dir}: {err}') from err
+        raise BagError(f'cannot open bag {bag_dir}: {_one_line(str(err))}') from err
     try:
         yield reader
     finally:
         reader.close()
+
+
+def _one_line(text: str) -> str:
+    """A foreign error message on one line (YAML errors span several, with a caret under the column)."""
+    return ' '.join(part for part in (line.strip().lstrip('^').strip() for line in text.splitlines()) if part)
 
 
 def storage_of(path: PathLike) -> str:

@@ -29,6 +29,7 @@ from PIL import Image as PilImage
 
 from vla_policy_node.replay.bag_io import BagWriter, PathLike, get_kilted_typestore
 
+# A recording in the root namespace: the names the node's relative defaults resolve to there.
 INSTRUCTION_TOPIC = '/instruction'
 JOINT_STATE_TOPIC = '/joint_states'
 COMMAND_TOPIC = '/joint_command'

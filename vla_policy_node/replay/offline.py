@@ -57,8 +57,8 @@ class OfflineReplay:
         self.layout = configured.layout
         self.settings = configured.settings
         self.values = dict(values)
-        # Bags record absolute names; relative defaults (enable, estop) resolve in the root namespace.
-        self.inputs = {absolute_topic(topic): entry for topic, entry in self.layout.by_topic().items()}
+        # configure resolved the layout's topics in the root namespace: the absolute names a bag records.
+        self.inputs = self.layout.by_topic()
         self.period_ns = int(round(NS_PER_SEC / float(self.values['control_rate_hz'])))
         self.buffer = InputBuffer()
         self.engine = TickEngine(self.runtime)
@@ -111,7 +111,7 @@ class OfflineReplay:
         if command_topic:
             wanted.add(command_topic)
         output.mkdir(parents=True, exist_ok=True)
-        trajectory_topic = self.values['trajectory_topic'] or DEFAULT_TRAJECTORY_TOPIC
+        trajectory_topic = absolute_topic(self.values['trajectory_topic'] or DEFAULT_TRAJECTORY_TOPIC)
         records: List[TickRecord] = []
         recorded_t, recorded_p, command_t, command_p = [], [], [], []
         messages = read_messages(bag, sorted(wanted))

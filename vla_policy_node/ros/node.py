@@ -3,32 +3,27 @@
 Wiring only: parameters come from ``ros/parameters.py``, the configure path from
 ``settings.configure`` (shared with the replay), each tick from ``tick.TickEngine`` on a
 dedicated thread (``TickWorker``), so the GPU never blocks input callbacks.
-/diagnostics is published in every state, so an unconfigured node says why.
+/diagnostics is published in every state, so an unconfigured node says why. Topic names
+resolve in the node's namespace (with remappings) at configure; logs give the resolved names.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
-from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.clock import Clock, ClockType
 from std_srvs.srv import Trigger
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.qos import QoSProfile, ReliabilityPolicy
-from trajectory_msgs.msg import JointTrajectory
 
-from ..observation import InputBuffer, InputKind, InputTopic, SkipReason
+from ..observation import InputBuffer, SkipReason
 from ..params import NODE_NAME
 from ..runtime import PolicyRuntime
 from ..settings import Configured, configure, tick_settings
 from ..safety import Review
 from ..tick import ThrottledReporter, TickEngine, TickSettings, TickStats
-from .messages import PolicyReport, diagnostics_msg, input_msg_class, input_qos
-from .output import TrajectoryOutput
+from .inputs import InputSubscriptions
+from .diagnostics import DiagnosticsPublisher
+from .output import TrajectoryOutput, answer_reset_estop
 from .parameters import NodeParameters
 from .tick_worker import TickWorker
-
-TRAJECTORY_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-STEADY = ClockType.STEADY_TIME
 
 
 class VlaPolicyNode(LifecycleNode):
@@ -40,19 +35,15 @@ class VlaPolicyNode(LifecycleNode):
         self.configured: Optional[Configured] = None
         self._reporter = ThrottledReporter()
         self._engine: Optional[TickEngine] = None
-        self._input_subscriptions: List[Any] = []
-        self._trajectory_pub = None
+        self._inputs: Optional[InputSubscriptions] = None
         self._timer = None
         self._worker: Optional[TickWorker] = None
         self._configure_error = ''
-        self._skips_at_last_diagnostics = 0
-        self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self._output: Optional[TrajectoryOutput] = None
-        self.create_service(Trigger, '~/reset_estop', self._reset_estop)
-        # On the steady clock: under use_sim_time, ROS time stands still until /clock (and after a bag ends),
-        # which is exactly when an operator needs to read why nothing happens.
-        self._diagnostics_timer = self.create_timer(self.params.value('diagnostics_period_sec'),
-                                                    self._publish_diagnostics, clock=Clock(clock_type=STEADY))
+        self.create_service(Trigger, '~/reset_estop', lambda request, response: answer_reset_estop(
+            self._output, self.buffer.operator_inputs(self._now_ns()), self._now_ns(), response))
+        self._diagnostics = DiagnosticsPublisher(self, self.params.value('diagnostics_period_sec'),
+                                                 self._publish_diagnostics)
 
     @property
     def runtime(self) -> Optional[PolicyRuntime]:
@@ -63,7 +54,7 @@ class VlaPolicyNode(LifecycleNode):
         """Derived from what exists, as ros2/demos lifecycle_py derives it from its publisher."""
         if self.configured is None:
             return 'unconfigured'
-        return 'active' if self._trajectory_pub.is_activated else 'inactive'
+        return 'active' if self._output.active else 'inactive'
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -76,21 +67,20 @@ class VlaPolicyNode(LifecycleNode):
             if self.params.errors:
                 raise ValueError('invalid parameters: ' + '; '.join(self.params.errors))
             logger = self.get_logger()
-            self.configured = configure(self.params.values(), info=logger.info, warn=logger.warning)
+            self.configured = configure(self.params.values(), info=logger.info, warn=logger.warning,
+                                        resolve=self.resolve_topic_name)
         except Exception as exc:  # any failure leaves the node unconfigured, with the reason
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                raise exc.__context__     # Ctrl-C during configure that torch surfaced as another error
             self._configure_error = f'{type(exc).__name__}: {exc}'
             self.get_logger().error(f'configure failed: {self._configure_error}')
             return TransitionCallbackReturn.FAILURE
         self._configure_error = ''
         self.params.config = self.runtime.config
         self._engine = TickEngine(self.runtime, self.stats)
-        for entry in self.configured.layout.inputs:
-            self._input_subscriptions.append(self.create_subscription(
-                input_msg_class(entry), entry.topic, self._store_callback(entry),
-                input_qos(entry, self.params.value('instruction_durability'))))
-        self._trajectory_pub = self.create_lifecycle_publisher(
-            JointTrajectory, self.params.value('trajectory_topic'), TRAJECTORY_QOS)
-        self._output = TrajectoryOutput(self.get_logger(), self._trajectory_pub, self._engine.supervisor,
+        self._inputs = InputSubscriptions(self, self.configured.layout, self.buffer,
+                                          self.params.value('instruction_durability'), self._now_ns, self._supervise)
+        self._output = TrajectoryOutput(self, self.params.value('trajectory_topic'), self._engine.supervisor,
                                         self.stats, self._reporter)
         return TransitionCallbackReturn.SUCCESS
 
@@ -100,7 +90,7 @@ class VlaPolicyNode(LifecycleNode):
         self._emit(self._engine.activate(self._now_ns()))
         self._worker = TickWorker(self._on_tick, self._on_tick_error)
         self._timer = self.create_timer(1.0 / rate, self._on_timer)
-        self.get_logger().info(f'active: {rate:g} Hz on {self.params.value("trajectory_topic")}'
+        self.get_logger().info(f'active: {rate:g} Hz on {self._output.topic}'
                                + (' (dry_run: nothing is published)' if self.params.value('dry_run') else ''))
         return super().on_activate(state)
 
@@ -128,8 +118,9 @@ class VlaPolicyNode(LifecycleNode):
     def hold_and_stop(self) -> None:
         """No more ticks, then (if it was publishing) one hold trajectory: before deactivating or shutting down."""
         self.stop_ticks()
-        if self._engine is not None and self._trajectory_pub is not None and self._trajectory_pub.is_activated:
+        if self._engine is not None and self._output is not None and self._output.active:
             self._emit(self._engine.deactivate(self.buffer, self._settings(), self._now_ns()))
+            self._output.wait_for_delivery()
 
     def stop_ticks(self) -> None:
         """No more ticks: the timer goes and the tick in flight finishes (also before destroying the node)."""
@@ -142,12 +133,10 @@ class VlaPolicyNode(LifecycleNode):
 
     def _release(self) -> None:
         self.stop_ticks()
-        for subscription in self._input_subscriptions:
-            self.destroy_subscription(subscription)
-        self._input_subscriptions = []
-        if self._trajectory_pub is not None:
-            self.destroy_lifecycle_publisher(self._trajectory_pub)
-            self._trajectory_pub = None
+        for part in (self._inputs, self._output):        # subscriptions, trajectory publisher
+            if part is not None:
+                part.destroy()
+        self._inputs = self._output = None
         self.buffer.clear()
         self._engine = None
         self.params.config = None
@@ -164,15 +153,6 @@ class VlaPolicyNode(LifecycleNode):
 
     def _emit(self, review: Review) -> None:
         self._output.emit(review, bool(self.params.value('dry_run')))
-
-    def _store_callback(self, entry: InputTopic):
-        operator = entry.kind in (InputKind.ENABLE, InputKind.ESTOP)
-
-        def store(msg: Any) -> None:
-            self.buffer.put(entry, msg, self._now_ns())
-            if operator:
-                self._supervise()                 # an e-stop holds now, not at the next tick
-        return store
 
     def _supervise(self) -> None:
         """Operator inputs and the no-trajectory timeout, also when no tick runs (a stuck inference)."""
@@ -202,40 +182,17 @@ class VlaPolicyNode(LifecycleNode):
         if self._engine is not None:
             self._emit(self._engine.fail(self.buffer, self._settings(), self._now_ns(), exc))
 
-    def _reset_estop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        if self._engine is None:
-            response.success, response.message = False, 'not configured'
-        else:
-            now_ns = self._now_ns()
-            response.success, response.message = self._engine.supervisor.reset_estop(
-                self.buffer.operator_inputs(now_ns), now_ns)
-        # rclpy ties one severity to each logging call site: two calls, not one with a chosen method.
-        if response.success:
-            self.get_logger().warning(f'reset_estop: {response.message}')
-        else:
-            self.get_logger().info(f'reset_estop refused: {response.message}')
-        return response
-
     def _apply_live_settings(self) -> None:
         """Live parameters that are more than a value read at the tick (executor thread only)."""
         if self.runtime is not None:
             self.runtime.cache.resize(self.params.value('cache_max_bytes'), self.params.value('cache_max_entries'))
         for timer, period_sec in ((self._timer, 1.0 / float(self.params.value('control_rate_hz'))),
-                                  (self._diagnostics_timer, float(self.params.value('diagnostics_period_sec')))):
+                                  (self._diagnostics.timer, float(self.params.value('diagnostics_period_sec')))):
             if timer is not None and timer.timer_period_ns != int(1e9 * period_sec):
                 timer.timer_period_ns = int(1e9 * period_sec)
 
-    # ---- diagnostics -----------------------------------------------------------------------------
     def _publish_diagnostics(self) -> None:
         self._apply_live_settings()
-        runtime, now_ns = self.runtime, self._now_ns()
-        stats = self.stats.snapshot()
-        new_skips = stats.skipped_total - self._skips_at_last_diagnostics
-        self._skips_at_last_diagnostics = stats.skipped_total
-        report = PolicyReport(name=f'{self.get_name()}: policy', lifecycle=self.lifecycle_label,
-                              configure_error=self._configure_error, new_skips=new_skips, stats=stats,
-                              info={'dry_run': self.params.value('dry_run')},
-                              camera_ages=self.buffer.camera_ages(now_ns)).with_runtime(runtime)
-        if self._engine is not None:
-            report.supervisor, report.holds, report.interventions, report.dropped = self._engine.supervisor.counters()
-        self._diagnostics_pub.publish(diagnostics_msg(now_ns, report))
+        self._diagnostics.publish(self._now_ns(), self.lifecycle_label, self._configure_error, self.stats.snapshot(),
+                                  self.buffer, self.params.values(), self.runtime,
+                                  self._engine.supervisor if self._engine is not None else None)

@@ -1,23 +1,49 @@
-"""The one way out to the controller: what the safety supervisor lets out, published (or logged in dry_run)."""
+"""The one way out to the controller: what the safety supervisor lets out, published (or logged in dry_run);
+and the operator's way back in after an e-stop."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Tuple
 
+from rclpy.duration import Duration
+from rclpy.lifecycle import LifecycleNode
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from trajectory_msgs.msg import JointTrajectory
 
+from ..observation import OperatorInputs
 from ..safety import PlanKind, Review, SafetySupervisor
 from ..tick import ThrottledReporter, TickStats
 from .messages import trajectory_msg
 
+TRAJECTORY_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+
 
 class TrajectoryOutput:
     """Logs every supervisor transition, says loudly when there is nothing to hold to, and publishes a
-    review's trajectory through ``SafetySupervisor.release`` (so an e-stop cannot be overtaken)."""
+    review's trajectory through ``SafetySupervisor.release`` (so an e-stop cannot be overtaken) on a
+    lifecycle publisher (it publishes only while the node is active)."""
 
-    def __init__(self, logger: Any, publisher: Any, supervisor: SafetySupervisor, stats: TickStats,
+    def __init__(self, node: LifecycleNode, topic: str, supervisor: SafetySupervisor, stats: TickStats,
                  reporter: ThrottledReporter) -> None:
-        self._logger, self._publisher, self._supervisor = logger, publisher, supervisor
+        self._node, self._logger, self._supervisor = node, node.get_logger(), supervisor
         self._stats, self._reporter = stats, reporter
+        self._publisher = node.create_lifecycle_publisher(JointTrajectory, topic, TRAJECTORY_QOS)
+
+    @property
+    def active(self) -> bool:
+        return self._publisher.is_activated
+
+    @property
+    def topic(self) -> str:
+        """The resolved name (namespace, remappings)."""
+        return self._publisher.topic_name
+
+    def wait_for_delivery(self, timeout_sec: float = 1.0) -> bool:
+        """Until every subscriber acknowledged what was published (reliable QoS): a hold published on the way
+        out must reach the controller before the process ends and takes its DDS writer with it."""
+        return self._publisher.wait_for_all_acked(Duration(nanoseconds=int(timeout_sec * 1e9)))
+
+    def destroy(self) -> None:
+        self._node.destroy_lifecycle_publisher(self._publisher)
 
     def emit(self, review: Review, dry_run: bool) -> None:
         for line in review.transitions:
@@ -35,6 +61,24 @@ class TrajectoryOutput:
         if self._supervisor.release(review, self._publish):
             self._stats.record_published()
 
+    def reset_estop(self, operator: OperatorInputs, now_ns: int) -> Tuple[bool, str]:
+        """The ~/reset_estop service: the supervisor decides, every call is logged."""
+        success, message = self._supervisor.reset_estop(operator, now_ns)
+        # rclpy ties one severity to each logging call site: two calls, not one with a chosen method.
+        if success:
+            self._logger.warning(f'reset_estop: {message}')
+        else:
+            self._logger.info(f'reset_estop refused: {message}')
+        return success, message
+
     def _publish(self, plan) -> None:
         msg: JointTrajectory = trajectory_msg(plan)
         self._publisher.publish(msg)
+
+
+def answer_reset_estop(output: Optional[TrajectoryOutput], operator: OperatorInputs, now_ns: int,
+                       response: Any) -> Any:
+    """The ~/reset_estop service (std_srvs/Trigger): refused until configured, else the supervisor's answer."""
+    response.success, response.message = (output.reset_estop(operator, now_ns) if output is not None
+                                          else (False, 'not configured'))
+    return response

@@ -63,20 +63,48 @@ class NodeParameters:
 
     def _declare(self, spec: ParamSpec) -> None:
         spec_descriptor = descriptor(spec)
-        # No default: declare by type only (an empty list would be inferred as a byte array).
-        value = Parameter.Type(spec_descriptor.type) if spec.default is None else spec.default
+        if spec.default is None:
+            self._declare_array(spec, spec_descriptor)
+            return
         try:
-            self._node.declare_parameter(spec.name, value, spec_descriptor)
+            self._node.declare_parameter(spec.name, spec.default, spec_descriptor)
         except (InvalidParameterValueException, InvalidParameterTypeException) as exc:
-            # A bad value in the params file must not kill the process: keep the default, refuse to
-            # configure, and say why in the words the replay uses for the same value.
-            override = self._node._parameter_overrides.get(spec.name)
-            ours = value_problem(spec, plain(override.value)) if override is not None else None
-            self.errors.append(ours or f'{spec.name}: {exc}')
-            self._node.declare_parameter(spec.name, value, spec_descriptor, ignore_override=True)
+            self._refused(spec, exc)
+            self._node.declare_parameter(spec.name, spec.default, spec_descriptor, ignore_override=True)
+
+    def _declare_array(self, spec: ParamSpec, final: ParameterDescriptor) -> None:
+        """An array without a default starts as a typed empty list, never uninitialised.
+
+        rclpy's get_parameters service answers nothing at all when one requested parameter is
+        uninitialised, so `ros2 param dump` printed {} and `ros2 param get` "Parameter not set".
+        A [] default cannot go to declare_parameter (rclpy infers BYTE_ARRAY from an empty list),
+        and `x: []` in a params file arrives as NOT_SET (rcl's YAML parser gives an empty
+        sequence no type). So: declare by type, writable (a params-file value applies), set a
+        typed [] if still unset, then install the read-only descriptor (public rclpy API since
+        Foxy: Humble .. Kilted).
+        """
+        array_type = Parameter.Type(final.type)
+        writable = ParameterDescriptor(name=final.name, type=final.type, description=final.description,
+                                       read_only=False)
+        try:
+            self._node.declare_parameter(spec.name, array_type, writable)
+        except (InvalidParameterValueException, InvalidParameterTypeException) as exc:
+            self._refused(spec, exc)
+            self._node.declare_parameter(spec.name, array_type, writable, ignore_override=True)
+        if self.value(spec.name) is None:
+            self._node.set_parameters([Parameter(spec.name, array_type, [])])
+        if final.read_only:
+            self._node.set_descriptor(spec.name, final)
+
+    def _refused(self, spec: ParamSpec, exc: Exception) -> None:
+        # A bad value in the params file must not kill the process: keep the default, refuse to
+        # configure, and say why in the words the replay uses for the same value.
+        override = self._node._parameter_overrides.get(spec.name)
+        ours = value_problem(spec, plain(override.value)) if override is not None else None
+        self.errors.append(ours or f'{spec.name}: {exc}')
 
     def value(self, name: str) -> Any:
-        """Current value; None for a typed parameter that was never set."""
+        """Current value (an unset array is [])."""
         try:
             return plain(self._node.get_parameter(name).value)
         except ParameterUninitializedException:
