@@ -27,7 +27,16 @@ NS_PER_SEC = 1_000_000_000
 MAX_INSTRUCTION_CHARS = 2000
 
 
-class SkipReason(str, enum.Enum):
+class TextEnum(str, enum.Enum):
+    """An enum whose members print as their value (a log word, a diagnostics key suffix), on Python 3.10+."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class SkipReason(TextEnum):
     """Why a tick published no policy trajectory; the value is the diagnostics counter suffix."""
 
     WAITING_FOR_CLOCK = 'waiting_for_clock'
@@ -48,11 +57,6 @@ class SkipReason(str, enum.Enum):
     INVALID_ACTIONS = 'invalid_actions'
     CHUNK_ELAPSED = 'chunk_elapsed'
     INTERNAL_ERROR = 'internal_error'
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
 
 
 class SkipTick(Exception):

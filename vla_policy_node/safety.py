@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .observation import Measured, OperatorInputs, SkipReason
+from .observation import Measured, OperatorInputs, SkipReason, TextEnum
 from .trajectory import TrajectoryPlan, finite_difference_velocities
 
 NS_PER_SEC = 1_000_000_000
@@ -44,16 +44,13 @@ LIMIT_MODES = ('clamp', 'stretch', 'hold')
 _LIMIT_TOLERANCE = 1e-9
 
 
-class SupervisorState(str, enum.Enum):
+class SupervisorState(TextEnum):
     ACTIVE = 'active'
     HELD = 'held'
     ESTOP = 'estop'
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class HoldReason(str, enum.Enum):
+class HoldReason(TextEnum):
     """Why the arm is held; the value is the diagnostics counter suffix (holds_<reason>)."""
 
     INPUT_FAULT = 'input_fault'
@@ -62,9 +59,6 @@ class HoldReason(str, enum.Enum):
     DEADMAN = 'deadman'
     INACTIVE = 'inactive'
     ESTOP = 'estop'
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class PlanKind(enum.Enum):
