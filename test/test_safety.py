@@ -75,11 +75,21 @@ def test_a_skipped_tick_holds_once_and_good_inputs_release():
 
 def test_on_fault_continue_publishes_nothing_until_the_no_trajectory_timeout():
     supervisor, settings = SafetySupervisor(), SafetySettings(on_fault='continue', fault_hold_after_sec=1.0)
-    supervisor.activate(0)
+    supervisor.activate(1)
     assert review(supervisor, settings, NS // 2, skipped=SkipReason.CAMERA_STALE).plan is None
-    late = review(supervisor, settings, NS + 1, skipped=SkipReason.CAMERA_STALE)
+    late = review(supervisor, settings, NS + 2, skipped=SkipReason.CAMERA_STALE)
     assert_hold_at(late, [0.0, 1.0])
     assert supervisor.reason is HoldReason.NO_TRAJECTORY
+
+
+def test_under_sim_time_the_no_trajectory_timeout_starts_at_the_first_clock():
+    supervisor, settings = SafetySupervisor(), SafetySettings(on_fault='continue', fault_hold_after_sec=1.0)
+    supervisor.activate(0)                                   # activated before any /clock: time reads 0
+    first_clock = 1_700_000_000 * NS
+    assert review(supervisor, settings, first_clock, skipped=SkipReason.CAMERA_MISSING).plan is None
+    assert supervisor.state is SupervisorState.ACTIVE
+    assert review(supervisor, settings, first_clock + NS + 1, skipped=SkipReason.CAMERA_MISSING).kind \
+        is PlanKind.HOLD
 
 
 def test_waiting_for_the_first_clock_is_no_fault():
@@ -133,6 +143,14 @@ def test_deadman_holds_without_fresh_true_enables_and_releases_with_them():
         assert_hold_at(held, [0.0, 1.0])
         assert supervisor.reason is HoldReason.DEADMAN
     assert review(supervisor, settings, NS, policy=plan([[0.0, 1.0]]), operator=enabled).kind is PlanKind.POLICY
+
+
+def test_an_enable_from_the_future_after_the_clock_jumped_back_does_not_count():
+    supervisor, settings = SafetySupervisor(), SafetySettings(require_enable=True, enable_timeout_sec=0.5)
+    supervisor.activate(NS)
+    held = supervisor.supervise(OperatorInputs(enable=True, enable_age_sec=-52.0), JOINTS, HERE, settings, 50 * NS)
+    assert_hold_at(held, [0.0, 1.0])
+    assert supervisor.reason is HoldReason.DEADMAN
 
 
 def test_deactivate_holds_and_activation_releases():

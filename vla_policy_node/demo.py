@@ -71,6 +71,7 @@ class Monitor:
                          parameter_overrides=[Parameter('use_sim_time', value=True)])
         self.diagnostics: Dict[str, str] = {}
         self.trajectories = 0
+        self.holds = 0
         self.first_stamp_ns: Optional[int] = None
         self.last_stamp_ns: Optional[int] = None
         self._lock = threading.Lock()
@@ -87,6 +88,8 @@ class Monitor:
         stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
         with self._lock:
             self.trajectories += 1
+            # A hold (one point, zero velocity) is the safety layer keeping the arm still, not a chunk.
+            self.holds += len(msg.points) == 1 and not any(msg.points[0].velocities)
             self.first_stamp_ns = self.first_stamp_ns or stamp_ns
             self.last_stamp_ns = stamp_ns
             self._received.append((self.node.get_clock().now().nanoseconds or stamp_ns, serialize_message(msg)))
@@ -185,7 +188,8 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, obj
                          wait_for_subscribers=5.0)
         time.sleep(1.5)  # the last chunks and one more /diagnostics
         _say(monitor.progress_line(duration, duration))
-        return {'published': published, 'trajectories': monitor.trajectories, 'diagnostics': monitor.diagnostics,
+        return {'published': published, 'trajectories': monitor.trajectories, 'holds': monitor.holds,
+                'diagnostics': monitor.diagnostics,
                 'first_stamp_ns': monitor.first_stamp_ns, 'last_stamp_ns': monitor.last_stamp_ns,
                 'live_bag': live_bag, 'log': log_path}
     finally:
@@ -218,7 +222,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     summary = result.summary
     total = summary['latency_ms'].get('total', {})
     _say('\n=== demo summary ===')
-    _say(f"live over DDS: {live['trajectories']} trajectories received for {diag.get('ticks', '?')} ticks, "
+    _say(f"live over DDS: {live['trajectories'] - live['holds']} chunks and {live['holds']} holds received for "
+         f"{diag.get('ticks', '?')} ticks, "
          f"cache hit rate {float(diag.get('cache_hit_rate', 0)):.0%}, latency p50 "
          f"{diag.get('latency_total_p50_ms', '?')} ms / p95 {diag.get('latency_total_p95_ms', '?')} ms, "
          f"skipped {diag.get('ticks_skipped', '?')}; stamps in bag time "
@@ -228,7 +233,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
          f"{total.get('p50', float('nan')):.1f} ms, p95 {total.get('p95', float('nan')):.1f} ms")
     _say(f'live trajectories (rosbag2): {live["live_bag"]}')
     _say(f'node log: {live["log"]}')
-    _say(f'report: {report}/summary.json, {report}/chunks.png, {report}/latency.png, {report}/trajectories/')
+    _say(f'report: {report}/summary.json, {report}/chunks.png, {report}/latency.png, {report}/handover.png, '
+         f'{report}/trajectories/')
     shipped = os.path.relpath(SHIPPED_PARAMS)
     _say('\nNOTE: the policy has RANDOM weights (the embedded tiny default): the trajectories exercise the '
          f'whole pipeline but mean nothing. The shipped parameters run the same default as they are:\n'

@@ -187,7 +187,8 @@ class SafetySupervisor:
             review = Review()
             if self.state is not SupervisorState.ESTOP:
                 self._set(SupervisorState.ACTIVE, None, review, 'activated')
-            self._last_valid_ns = now_ns
+            # Under use_sim_time the clock reads 0 until the first /clock: the timeout starts there.
+            self._last_valid_ns = now_ns or None
             self._ramp_pending = True
             return review
 
@@ -219,18 +220,22 @@ class SafetySupervisor:
         if self.state is SupervisorState.ESTOP:
             self._retry_pending_hold(joint_names, measured, settings, review)
             return
-        enabled = (not settings.require_enable or
-                   (operator.enable is True and operator.enable_age_sec <= settings.enable_timeout_sec))
-        if not enabled:
+        # A negative age is an enable "from the future": the clock jumped back (a looped bag, a simulator
+        # reset). It proves nothing about the operator now, so it does not count as fresh.
+        fresh = operator.enable is True and 0.0 <= operator.enable_age_sec <= settings.enable_timeout_sec
+        if settings.require_enable and not fresh:
             why = ('no enable message yet' if operator.enable is None else
                    'enable is false' if not operator.enable else
-                   f'no enable for {operator.enable_age_sec:.2f} s (enable_timeout_sec {settings.enable_timeout_sec})')
-            if not (self.state is SupervisorState.HELD and self.reason is HoldReason.DEADMAN):
-                self._enter_hold(HoldReason.DEADMAN, joint_names, measured, settings, review, why)
+                   f'the last enable is {operator.enable_age_sec:.2f} s old (enable_timeout_sec '
+                   f'{settings.enable_timeout_sec})')
+            self._enter_hold(HoldReason.DEADMAN, joint_names, measured, settings, review, why)
         elif self.state is SupervisorState.HELD and self.reason is HoldReason.DEADMAN:
-            self._set(SupervisorState.ACTIVE, None, review, 'enable is back')
+            self._set(SupervisorState.ACTIVE, None, review,
+                      'enable is back' if settings.require_enable else 'require_enable is off')
             self._ramp_pending = True
             self._last_valid_ns = now_ns
+        if self._last_valid_ns is None and now_ns > 0:
+            self._last_valid_ns = now_ns          # the first real time after activation
         if (self.state is SupervisorState.ACTIVE and settings.fault_hold_after_sec > 0
                 and self._last_valid_ns is not None
                 and now_ns - self._last_valid_ns > settings.fault_hold_after_sec * NS_PER_SEC):
@@ -249,7 +254,7 @@ class SafetySupervisor:
             self._set(SupervisorState.ACTIVE, None, Review(), 'e-stop reset')
             self._ramp_pending = True
             self._last_valid_ns = now_ns
-            return True, 'e-stop reset: policy trajectories resume (ramped in)'
+            return True, 'e-stop reset: policy trajectories resume (ramped in when ramp_in_sec > 0)'
 
     # ---- a tick's outcome -----------------------------------------------------------------------------
     def review(self, plan: Optional[TrajectoryPlan], skipped: Optional[SkipReason], joint_names: Sequence[str],

@@ -85,7 +85,8 @@ class TickStats:
         self._lock = threading.Lock()
         self.ticks = 0
         self.chunks = 0
-        self.published = 0
+        self.published = 0                     # policy chunks sent to the controller
+        self.holds_published = 0               # hold trajectories sent to the controller
         self.cache_hits = 0
         self.cache_misses = 0
         self.clipped = 0
@@ -126,9 +127,13 @@ class TickStats:
                     if np.isfinite(value):
                         self._handover[name].append(value)
 
-    def record_published(self) -> None:
+    def record_published(self, kind: PlanKind) -> None:
+        """A trajectory went to the controller: a policy chunk, or a hold (counted apart)."""
         with self._lock:
-            self.published += 1
+            if kind is PlanKind.HOLD:
+                self.holds_published += 1
+            else:
+                self.published += 1
 
     def latency_summary(self) -> Dict[str, Dict[str, float]]:
         """Per stage: p50, p95 and max in ms over the recent window."""
@@ -149,6 +154,7 @@ class TickStats:
         """A consistent copy for another thread (diagnostics) while ticks keep updating."""
         with self._lock:
             return TickStatsSnapshot(ticks=self.ticks, chunks=self.chunks, published=self.published,
+                                     holds_published=self.holds_published,
                                      clipped=self.clipped, skipped=dict(self.skipped), last_skip=self.last_skip,
                                      latency=_percentiles(self._latency), handover=_percentiles(self._handover),
                                      continued=self.continued, delay=self.delay)
@@ -169,6 +175,7 @@ class TickStatsSnapshot:
     ticks: int
     chunks: int
     published: int
+    holds_published: int
     clipped: int
     skipped: Dict[str, int]
     last_skip: Optional[SkipTick]

@@ -10,6 +10,7 @@ ticks run at ``control_rate_hz`` on bag time through the same TickEngine
                   per-joint error against a recorded command topic when present
   chunks.png      predicted chunks over recorded joint positions, per joint
   latency.png     latency per tick, cache hits and misses marked
+  handover.png    consecutive trajectories overlaid at each hand-over, and the jump of each
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ class OfflineReplay:
         if review.plan is None or self.values['dry_run']:
             return
         if self.engine.supervisor.release(review, lambda plan: writer.write(topic, time_ns, joint_trajectory(plan))):
-            self.engine.stats.record_published()
+            self.engine.stats.record_published(review.kind)
 
     def run(self, bag: Path, output: Path, command_topic: Optional[str] = None,
             progress: bool = True) -> ReplayResult:
@@ -214,7 +215,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     total = summary['latency_ms'].get('total')
     if total:
         print(f"latency p50 {total['p50']:.1f} ms, p95 {total['p95']:.1f} ms, max {total['max']:.1f} ms")
-    print(f'report in {result.output}: summary.json, chunks.png, latency.png, trajectories/')
+    print(f'report in {result.output}: summary.json, chunks.png, latency.png, handover.png, trajectories/')
     return 0
 
 

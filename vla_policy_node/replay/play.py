@@ -153,8 +153,8 @@ class _Player:
                 return
             time.sleep(min(remaining, CLOCK_PERIOD_SEC))
             elapsed_ns = int((time.monotonic() - wall_start) * self.rate * 1e9)
-            # Clamp: the interpolated time must not pass the next message's stamp.
-            self.publish_clock(min(bag_start_ns + elapsed_ns, next_bag_ns))
+            # Clamp just short of the next message's stamp: see publish_message.
+            self.publish_clock(min(bag_start_ns + elapsed_ns, next_bag_ns - 1))
 
     # --- playback ---------------------------------------------------------------
 
@@ -176,12 +176,17 @@ class _Player:
                 break
             self.publish_message(message)
             published += 1
+            last_ns = message.timestamp_ns
             if on_progress is not None:
                 on_progress(published_before + published, message.timestamp_ns)
+        if published and not self.should_stop():
+            self.publish_clock(last_ns)          # the last stamp, now that its messages are out
         return published
 
     def publish_message(self, message: BagMessage) -> None:
-        self.publish_clock(message.timestamp_ns)
+        # /clock shows t only once every message stamped t is out (the next wait moves it on): a node ticking
+        # at t then sees all three camera frames of t, not one new and two old (a false camera_skew).
+        self.publish_clock(message.timestamp_ns - 1)
         self.publishers[message.topic].publish(message.raw)
 
     def wait_for_acks(self) -> None:

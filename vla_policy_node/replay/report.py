@@ -119,6 +119,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'ticks': stats.ticks,
         'chunks': stats.chunks,
         'published': stats.published,
+        'holds_published': stats.holds_published,
         'skipped_total': sum(skipped.values()),
         'skipped': skipped,
         'clipped': stats.clipped,

@@ -115,6 +115,7 @@ def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
         pairs += [(f'intervention_{key.replace(":", "_")}', count)
                   for key, count in sorted(report.interventions.items())]
     pairs += [('ticks', stats.ticks), ('chunks_computed', stats.chunks), ('chunks_published', stats.published),
+              ('holds_published', stats.holds_published),
               ('chunks_clipped', stats.clipped), ('ticks_skipped', stats.skipped_total)]
     pairs += [(f'skipped_{reason}', count) for reason, count in sorted(stats.skipped.items())]
     if stats.last_skip is not None:

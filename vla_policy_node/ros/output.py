@@ -59,7 +59,7 @@ class TrajectoryOutput:
                                   f'points; first {[round(float(v), 3) for v in plan.positions[0]]}')
             return
         if self._supervisor.release(review, self._publish):
-            self._stats.record_published()
+            self._stats.record_published(review.kind)
 
     def reset_estop(self, operator: OperatorInputs, now_ns: int) -> Tuple[bool, str]:
         """The ~/reset_estop service: the supervisor decides, every call is logged."""
