@@ -163,7 +163,6 @@ class SafetySupervisor:
         self._ramp_pending = True
         self._ramp_origin_ns = 0
         self._ramp_anchor: Optional[np.ndarray] = None
-        self._enabled = False
         self.holds: Dict[str, int] = {}
         self.interventions: Dict[str, int] = {}
         self.dropped = 0                       # policy trajectories stopped at the last moment (e-stop raced a tick)

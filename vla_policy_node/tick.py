@@ -69,6 +69,7 @@ class TickOutcome:
     origin_ns: int = 0                         # the observation time the chunk's actions count from
     publish_ns: int = 0                        # when it was ready to publish
     delay: int = 0                             # the estimated inference delay d it was computed with
+    elapsed: int = 0                           # actions of the chunk already due at publication
     handover: Optional[HandoverMetrics] = None
     review: Review = dataclasses.field(default_factory=Review)   # what the safety supervisor lets out
 
@@ -264,11 +265,11 @@ class TickEngine:
             buffer.operator_inputs(now_ns),
             self.measured(buffer, settings, now_ns), settings.safety, now_ns, outcome.publish_ns or now_ns)
         if review.kind is PlanKind.POLICY and not review.timing_changed:
-            plan, chunk = review.plan, outcome.chunk
-            elapsed = elapsed_actions(outcome.origin_ns, outcome.publish_ns, settings.period_ns)
+            plan, elapsed = review.plan, outcome.elapsed
             executed = plan.positions[elapsed - plan.first_action:]         # what the controller will execute
             outcome.handover = self.handover.take_over(
-                ExecutingChunk(outcome.origin_ns, settings.period_ns, elapsed, chunk.actions, executed), elapsed)
+                ExecutingChunk(outcome.origin_ns, settings.period_ns, elapsed, outcome.chunk.actions, executed),
+                elapsed)
         elif review.kind is not None:
             self.handover.reset()
 
@@ -302,8 +303,7 @@ class TickEngine:
         elapsed ones itself (so clocks must agree).
         """
         chunk, assembled = outcome.chunk, outcome.assembled
-        period_ns = settings.period_ns
-        elapsed = elapsed_actions(outcome.origin_ns, outcome.publish_ns, period_ns)
+        outcome.elapsed = elapsed = elapsed_actions(outcome.origin_ns, outcome.publish_ns, settings.period_ns)
         end = published_range(chunk.actions.shape[0], settings.execute_steps)
         if elapsed >= end:
             late_ms = (outcome.publish_ns - outcome.origin_ns) / 1e6
