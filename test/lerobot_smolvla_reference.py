@@ -23,14 +23,19 @@ from transformers (5.x): ``models/smolvlm/modeling_smolvlm.py`` (``SmolVLMVision
 position ids, ``SmolVLMEncoderLayer``, ``SmolVLMConnector.pixel_shuffle``) and ``models/llama/modeling_llama.py``
 (``LlamaRMSNorm``: ``w * x.to(input_dtype)``, ``LlamaMLP``).
 
+Checked against real lerobot (that source, installed in a scratch venv with transformers 5.5.4 and torch 2.11,
+``bench/compare_lerobot_smolvla.py``) on the tiny checkpoint of smolvla_fixtures.py: fp32 actions within 1.2e-7
+(transformers runs the vision attention through SDPA, here it is written out), the bf16 recipe bit for bit.
+
 Nothing here imports the package: config.json, ``vlm_config.json`` (the backbone's HF config, standing in
 for the hub id), model.safetensors (lerobot's keys), the processor statistics and ``tokenizer/tokenizer.json``
 are read directly, and every layer is a function over the weight dict.
 
 Precision: by default everything is float32 (weights and activations). ``recipe='bfloat16'`` is lerobot's bf16
-recipe as smolvla.md describes it for transformers 5 (the hub text_config says ``torch_dtype: bfloat16``): the
-text decoder (embedding, layers, norm) and the action expert hold bf16 weights, the vision tower, the connector
-and lerobot's own projections stay fp32, and activations follow lerobot's casts exactly (``.to(weight dtype)``
+recipe as lerobot builds it under transformers 5 (the hub text_config says ``torch_dtype: bfloat16``): the
+text decoder (embedding, layers, norm) and the action expert hold bf16 weights, except the expert's
+cross-attention k/v_proj (made anew as fp32 nn.Linear); the vision tower, the connector and lerobot's own
+projections stay fp32, and activations follow lerobot's casts exactly (``.to(weight dtype)``
 before each projection, in-place residual adds into the bf16 output, fp32 RoPE and softmax, ``probs.to(v)``,
 the final ``suffix_out.to(float32)``).
 """
@@ -153,8 +158,14 @@ class LerobotSmolVLAReference:
         weights = load_file(str(self.folder / 'model.safetensors'))
         self.recipe = recipe
         if recipe == 'bfloat16':
-            low = ('model.vlm_with_expert.vlm.model.text_model.', EXPERT, 'model.vlm_with_expert.vlm.lm_head.')
-            weights = {k: (v.to(torch.bfloat16) if k.startswith(low) else v) for k, v in weights.items()}
+            # As lerobot builds it (checked with lerobot 0.6.2 + transformers 5.5.4): the text model and the
+            # expert from the bf16 text_config; the cross-attention layers' k/v_proj are nn.Linear made anew
+            # in SmolVLMWithExpertModel.__init__ and stay fp32, as do lm_head, vision, connector, projections.
+            fp32 = {f'{EXPERT}layers.{j}.self_attn.{n}_proj.weight' for j in range(self.num_expert_layers)
+                    for n in 'kv' if 'cross' in self.attention_mode and not (self.every > 0 and j % self.every == 0)}
+            low = ('model.vlm_with_expert.vlm.model.text_model.', EXPERT)
+            weights = {k: (v.to(torch.bfloat16) if k.startswith(low) and k not in fp32 else v)
+                       for k, v in weights.items()}
         elif recipe != 'float32':
             raise ValueError(recipe)
         self.w = weights

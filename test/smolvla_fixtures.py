@@ -57,12 +57,14 @@ TINY_CONFIG = {
     'output_features': {'action': {'type': 'ACTION', 'shape': [ACTION_DIM]}},
     'device': 'cpu',
     'use_amp': False,
+    'use_peft': False,
     'push_to_hub': False,
     'repo_id': None,
     'private': None,
     'tags': None,
     'license': None,
     'pretrained_path': None,
+    'pretrained_revision': None,
     'chunk_size': 8,
     'n_action_steps': 8,
     'normalization_mapping': {'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'},
@@ -276,9 +278,10 @@ def write_tiny_smolvla(folder: Path, seed: int = 0, cameras: Sequence[str] = CAM
         vlm[section].update(values)
 
     tokenizer_file = build_smolvlm_tokenizer(folder / 'tokenizer')
-    vocab = json.loads(tokenizer_file.read_text())
-    vlm['text_config']['vocab_size'] = len(vocab['model']['vocab']) + sum(
-        1 for t in vocab['added_tokens'] if t['content'] not in vocab['model']['vocab'])
+    if vlm['text_config'].get('vocab_size') is None:       # the tiny one: the tokenizer's size
+        vocab = json.loads(tokenizer_file.read_text())
+        vlm['text_config']['vocab_size'] = len(vocab['model']['vocab']) + sum(
+            1 for t in vocab['added_tokens'] if t['content'] not in vocab['model']['vocab'])
     (folder / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
     (folder / 'vlm_config.json').write_text(json.dumps(vlm, indent=2) + '\n')
     save_torch_file(random_weights(weight_shapes(config, vlm), seed), str(folder / 'model.safetensors'),
