@@ -274,8 +274,11 @@ def write_tiny_smolvla(folder: Path, seed: int = 0, cameras: Sequence[str] = CAM
                                 for name in cameras}
     config['input_features']['observation.state'] = {'type': 'STATE', 'shape': [STATE_DIM]}
     vlm = copy.deepcopy(TINY_VLM_CONFIG)
-    for section, values in (vlm_overrides or {}).items():
-        vlm[section].update(values)
+    for key, value in (vlm_overrides or {}).items():
+        if isinstance(value, dict):
+            vlm[key].update(value)
+        else:
+            vlm[key] = value
 
     tokenizer_file = build_smolvlm_tokenizer(folder / 'tokenizer')
     if vlm['text_config'].get('vocab_size') is None:       # the tiny one: the tokenizer's size
