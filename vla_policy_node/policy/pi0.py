@@ -26,7 +26,7 @@ from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
 from .layers import additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
-from .rtc import RTCSettings, prepare_guide, step_times
+from .rtc import RTCGuide, RTCSettings, prepare_guide, step_times
 from .siglip import SiglipVisionTower
 
 # Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
@@ -53,6 +53,19 @@ class SuffixLayout:
     state: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+@dataclass
+class ChunkSetup:
+    """One chunk's fixed inputs to the Euler loop: layout, K/V workspace [L, 2, B, K, P + S, D] (prefix and
+    state part filled), time terms [N + 1, W], RTC guide or None, noise [B, H, A] fp32, steps."""
+
+    layout: SuffixLayout
+    workspace: torch.Tensor
+    time_terms: torch.Tensor
+    guide: Optional[RTCGuide]
+    noise: torch.Tensor
+    num_steps: int
+
+
 class MultiModalProjector(nn.Module):
     def __init__(self, vision_width: int, lm_width: int) -> None:
         super().__init__()
@@ -76,7 +89,7 @@ class PaliGemma(nn.Module):
 class GemmaExpert(nn.Module):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
-        cond_dim = config.expert.width if config.policy_type == 'pi05' else None
+        cond_dim = config.expert.width if config.traits.adaptive_expert else None
         self.model = GemmaStack(config.expert, config.rms_norm_eps, cond_dim=cond_dim)
 
 
@@ -88,7 +101,8 @@ class PaliGemmaWithExpert(nn.Module):
 
 
 class PiZeroModel(nn.Module):
-    """pi0 (``policy_type='pi0'``) or pi0.5 (``'pi05'``), inference only."""
+    """pi0 (a state token, time fused into the action tokens) or pi0.5 (state in the prompt, adaptive
+    expert norms), as ``config.traits`` says; inference only."""
 
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -97,7 +111,7 @@ class PiZeroModel(nn.Module):
         self.paligemma_with_expert = PaliGemmaWithExpert(config)
         self.action_in_proj = nn.Linear(config.max_action_dim, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
-        if config.policy_type == 'pi0':
+        if config.traits.state_token:
             self.state_proj = nn.Linear(config.max_state_dim, width)
             self.action_time_mlp_in = nn.Linear(2 * width, width)
             self.action_time_mlp_out = nn.Linear(width, width)
@@ -197,7 +211,7 @@ class PiZeroModel(nn.Module):
         valid = pad.long().sum(dim=1, keepdim=True)                                     # [B, 1]
         state = None
         start = prefix_len
-        if cfg.policy_type == 'pi0':
+        if cfg.traits.state_token:
             allowed = torch.cat([pad, pad.new_ones(batch, 1)], dim=1)[:, None, None]     # [B, 1, 1, P+1]
             cos, sin = rope_cos_sin(valid, cfg.expert.head_dim, cfg.rope_theta)
             state = (cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups))
@@ -216,7 +230,7 @@ class PiZeroModel(nn.Module):
         """
         width = self.config.expert.width
         embs = self.time_embeddings(num_steps)                                          # [N + 1, W]
-        if self.config.policy_type == 'pi0':
+        if not self.config.traits.adaptive_expert:
             layer = self.action_time_mlp_in
             return F.linear(embs, layer.weight[:, width:], layer.bias)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(embs))))
@@ -235,7 +249,7 @@ class PiZeroModel(nn.Module):
         term = time_terms[step]                                                         # [W]
         if clean is not None:
             term = torch.where(clean[..., None], time_terms[-1], term)                  # [B, H, W]
-        if self.config.policy_type == 'pi0':
+        if not self.config.traits.adaptive_expert:
             hidden = F.linear(action_tokens, self.action_time_mlp_in.weight[:, :width]) + term
             return self.action_time_mlp_out(F.silu(hidden)).to(self.compute_dtype), None
         cond = term if clean is not None else term[None].expand(batch, -1)              # [B, H, W] or [B, W]
@@ -246,7 +260,7 @@ class PiZeroModel(nn.Module):
                 num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                 inference_delay: int = 0, execution_horizon: Optional[int] = None,
                 rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        """Flow-matching Euler integration against a read-only prefix.
+        """Flow-matching Euler integration against a read-only prefix: ``chunk_setup`` then ``euler_loop``.
 
         state [B, max_state_dim] (normalised; pi0 only, ignored by pi0.5); noise [B, H, max_action_dim].
         With ``rtc`` and a previous chunk's unexecuted actions (normalised, [T, A'] or [B, T, A']), the
@@ -254,6 +268,17 @@ class PiZeroModel(nn.Module):
         execution_horizon); without, the loop is exactly the plain one.
         Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
         """
+        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.euler_loop(chunk)
+
+    @torch.no_grad()
+    def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
+                    num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                    inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                    rtc: Optional[RTCSettings] = None) -> 'ChunkSetup':
+        """Everything fixed for one chunk: K/V workspace (prefix copied in, pi0's state token written),
+        suffix layout, time terms and the RTC guide."""
         cfg = self.config
         num_steps = int(num_steps or cfg.num_inference_steps)
         if num_steps < 1:
@@ -275,14 +300,20 @@ class PiZeroModel(nn.Module):
         time_terms = self._time_terms(num_steps)                                        # [N + 1, W]
         guide = prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
                               cfg.rtc_training_max_delay)
+        return ChunkSetup(layout, workspace, time_terms, guide, noise.float(), num_steps)
+
+    @torch.no_grad()
+    def euler_loop(self, chunk: 'ChunkSetup') -> torch.Tensor:
+        """The per-step loop: x <- x + dt * v(x, t) for every step, from the chunk's noise -> [B, H, A] fp32."""
+        guide, layout = chunk.guide, chunk.layout
         clean = guide.clamp[..., 0] if guide is not None and guide.clamp is not None else None   # [B, H]
-        dt = -1.0 / num_steps
-        x_t = noise.float()
-        for step in range(num_steps):
+        dt = -1.0 / chunk.num_steps
+        x_t = chunk.noise
+        for step in range(chunk.num_steps):
             if guide is not None:
                 x_t = guide.clamp_prefix(x_t)
-            tokens, cond = self._embed_suffix(x_t, time_terms, step, clean)            # [B, H, W]
-            hidden = self._expert.suffix_forward(tokens, workspace, layout.start, layout.cos, layout.sin,
+            tokens, cond = self._embed_suffix(x_t, chunk.time_terms, step, clean)      # [B, H, W]
+            hidden = self._expert.suffix_forward(tokens, chunk.workspace, layout.start, layout.cos, layout.sin,
                                                  layout.mask, cond)
             velocity = self.action_out_proj(hidden.float())                             # [B, H, A]
             if guide is not None:
