@@ -19,7 +19,7 @@ from smolvla_fixtures import CAMERAS, write_tiny_smolvla
 pytest.importorskip('vla_policy_node.policy.families.smolvla',
                     reason='the package has no smolvla policy family yet (branch issue16)')
 
-from vla_policy_node.observation import Observation  # noqa: E402
+from vla_policy_node.observation import Observation, ObservationError  # noqa: E402
 from vla_policy_node.runtime import PolicyRuntime  # noqa: E402
 
 ATOL = 1e-5
@@ -89,6 +89,12 @@ def test_a_state_change_is_a_cache_hit_with_lerobots_actions(folders, references
     np.testing.assert_allclose(second.actions, references['default'].actions(FRAMES, OTHER_STATE, SHORT, eps),
                                rtol=0, atol=ATOL)
     assert np.abs(first.actions - second.actions).max() > 1e-3     # the state does reach the actions
+
+
+def test_no_camera_at_all_is_refused_as_lerobot_refuses_it(folders):
+    """prepare_images raises when every image feature is missing; the runtime refuses the observation."""
+    with pytest.raises(ObservationError):
+        runtime_for(folders['default']).infer(Observation({}, STATE, SHORT), noise=noise(0))
 
 
 @pytest.mark.parametrize('size', [(24, 40), (48, 30), (32, 32), (100, 60), (7, 90)])
