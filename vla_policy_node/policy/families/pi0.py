@@ -20,12 +20,13 @@ import torch
 from ...cache.context import PrefixContext
 from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                           normalizer_step, relative_step, write_folder)
-from ..config import PaliGemmaTraits, PolicyConfig
+from ..config import PaliGemmaTraits, PolicyConfig, preset
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..pi0 import PiZeroModel, param_dtype
 from ..preprocess import resize_with_pad, to_model_range
 from ..rtc import RTCSettings
+from ..tiny_tokenizer import build_test_tokenizer
 from ..tokenizer import PromptTokenizer, TokenizerError
 
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
@@ -86,6 +87,14 @@ class Pi0Family(PolicyFamily):
                    loaded.weights_path, **options)
 
     # ---- saving (the tiny default and tests write lerobot folders) ----------------------------------
+    @classmethod
+    def tiny_config(cls, **overrides: Any) -> PolicyConfig:
+        return preset('tiny', policy_type=cls.type_name, **overrides)
+
+    @classmethod
+    def build_test_tokenizer(cls, folder: Path, vocab_size: int) -> Path:
+        return build_test_tokenizer(folder, vocab_size=vocab_size)
+
     @classmethod
     def preprocessor_steps(cls, config: PolicyConfig) -> List[Dict[str, Any]]:
         """lerobot processor_pi0's step order: new line, tokenizer, device, relative actions, normalizer."""
