@@ -24,8 +24,9 @@ language embeddings are scaled by sqrt(hidden); the RMSNorms are Llama's (x * w)
 Precision (``set_compute_dtype``): everything runs fp32 on the CPU. Under bf16 the text decoder (embedding and
 layers) and the expert's linear layers compute in bf16, as lerobot effectively runs them under the hub config
 (text_config.torch_dtype bfloat16 with transformers 5); the vision tower, the connector, lerobot's own
-projections (state_proj, action_*) and every RMSNorm weight stay fp32 (norms compute in fp32 and round once),
-and attention softmax and RoPE run in fp32 inside the kernels. Cached K/V are stored in the compute dtype.
+projections (state_proj, action_*) and every RMSNorm weight stay fp32, and the residual streams stay fp32
+(norms compute in fp32; each projection's input is rounded to bf16 once, its output added back in fp32).
+RoPE runs in fp32; K/V (and the cache) are stored in the compute dtype.
 """
 from __future__ import annotations
 
@@ -137,18 +138,18 @@ class SmolVLAModel(nn.Module):
 
     # ---- prefix (cache miss) ---------------------------------------------------------------------
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, N, 3, H, W] in [-1, 1] -> [B, N*T, W_text] in the compute dtype, scaled by sqrt(W_text)."""
+        """images [B, N, 3, H, W] in [-1, 1] -> [B, N*T, W_text] fp32, scaled by sqrt(W_text)."""
         batch, cameras = images.shape[:2]
         vlm = self._vlm
         patches = vlm.vision_model(images.flatten(0, 1).float(), torch.float32)     # [B*N, patches, W_vis]
         tokens = vlm.connector(patches)                                             # [B*N, T, W_text] fp32
         tokens = tokens * torch.tensor(tokens.shape[-1] ** 0.5, dtype=tokens.dtype, device=tokens.device)
-        return tokens.reshape(batch, cameras * tokens.shape[1], -1).to(self.compute_dtype)
+        return tokens.reshape(batch, cameras * tokens.shape[1], -1)
 
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, L] -> [B, L, W_text] * sqrt(W_text) (a Python float, as lerobot's embed_prefix)."""
-        embedded = self._vlm.text_model.embed_tokens(tokens)
-        return (embedded * math.sqrt(embedded.shape[-1])).to(self.compute_dtype)
+        """tokens [B, L] -> [B, L, W_text] fp32 * sqrt(W_text) (a Python float, as lerobot's embed_prefix)."""
+        embedded = self._vlm.text_model.embed_tokens(tokens).float()
+        return embedded * math.sqrt(embedded.shape[-1])
 
     @torch.no_grad()
     def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
@@ -166,7 +167,8 @@ class SmolVLAModel(nn.Module):
         cos, sin = self._rope(pad.long().cumsum(dim=1) - 1)
         mask = self._mask((pad[:, None, :] & pad[:, :, None])[:, None])                # [B, 1, G*P, P]
         text = cfg.text
-        kv = x.new_empty(cfg.num_vlm_layers, 2, batch, text.num_kv_heads, prefix_len, text.head_dim)
+        kv = x.new_empty(cfg.num_vlm_layers, 2, batch, text.num_kv_heads, prefix_len, text.head_dim,
+                         dtype=self.compute_dtype)
         layers = self._text_layers
         for i, layer in enumerate(layers):
             q, k, v = layer.project_qkv(x, cos, sin)
@@ -210,7 +212,7 @@ class SmolVLAModel(nn.Module):
         att mask 1), so the cached K/V are exactly what lerobot computes with the state in the prefix."""
         pad = context.pad_mask
         batch, prefix_len = pad.shape
-        x = self.state_proj(state.float())[:, None].to(self.compute_dtype)              # [B, 1, W]
+        x = self.state_proj(state.float())[:, None]                                     # [B, 1, W] fp32
         cos, sin = self._rope(pad.long().sum(dim=1, keepdim=True))                      # position = valid count
         mask = self._mask(torch.cat([pad, pad.new_ones(batch, 1)], dim=1)[:, None, None])   # [B, 1, G, P + 1]
         end = prefix_len + 1
@@ -287,7 +289,7 @@ class SmolVLAModel(nn.Module):
         """x_t [B, H, A] -> action tokens [B, H, W]: mlp_out(silu(W_a action_in(x_t) + time term))."""
         width = self.config.expert.width
         hidden = F.linear(self.action_in_proj(x_t), self.action_time_mlp_in.weight[:, :width]) + term
-        return self.action_time_mlp_out(F.silu(hidden)).to(self.compute_dtype)
+        return self.action_time_mlp_out(F.silu(hidden))                                 # fp32 residual stream
 
     def velocity(self, chunk: SmolChunk, x_t: torch.Tensor, step: int) -> torch.Tensor:
         """v(x_t, t_step) [B, H, A] fp32: the action tokens through the expert against the chunk's K/V."""

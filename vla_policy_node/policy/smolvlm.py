@@ -166,7 +166,11 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: x + o(attn(norm(x))), then x + mlp(norm(x)); the attention itself is the caller's
-    (which keys a layer sees depends on the pass), so the block offers its halves."""
+    (which keys a layer sees depends on the pass), so the block offers its halves.
+
+    The residual stream keeps the dtype it arrives in (SmolVLA feeds fp32): norms compute in fp32 and the
+    projections run in their weights' dtype (bf16 under a bf16 model), their outputs added back in fp32.
+    lerobot's bf16 recipe instead rounds the residual stream to bf16 after the first layer."""
 
     def __init__(self, size: LlamaSize, kv_input: Optional[int] = None) -> None:
         super().__init__()
@@ -181,7 +185,8 @@ class LlamaDecoderLayer(nn.Module):
         attn = self.self_attn
         batch, seq, _ = x.shape
         heads, kv_heads = attn.num_heads, attn.num_kv_heads
-        qkv = attn.qkv(self.input_layernorm(x)).view(batch, seq, heads + 2 * kv_heads, attn.head_dim)
+        h = self.input_layernorm(x).to(attn.q_proj.weight.dtype)
+        qkv = attn.qkv(h).view(batch, seq, heads + 2 * kv_heads, attn.head_dim)
         qk = apply_rope(qkv[:, :, :heads + kv_heads], cos, sin)
         q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
         return q, k, qkv[:, :, heads + kv_heads:].transpose(1, 2)
@@ -190,7 +195,8 @@ class LlamaDecoderLayer(nn.Module):
         """A cross layer's queries only: x [B, S, W] -> q [B, H, S, D] (RoPE'd)."""
         attn = self.self_attn
         batch, seq, _ = x.shape
-        q = attn.q_proj(self.input_layernorm(x)).view(batch, seq, attn.num_heads, attn.head_dim)
+        h = self.input_layernorm(x).to(attn.q_proj.weight.dtype)
+        q = attn.q_proj(h).view(batch, seq, attn.num_heads, attn.head_dim)
         return apply_rope(q, cos, sin).transpose(1, 2)
 
     def cross_kv(self, keys: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -211,8 +217,9 @@ class LlamaDecoderLayer(nn.Module):
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """attn [B, H, S, D] -> o_proj, residual, post-attention norm, MLP, residual -> x [B, S, W]."""
         batch, _, seq, _ = attn.shape
-        x = x + self.self_attn.o_proj(attn.transpose(1, 2).reshape(batch, seq, -1).to(x.dtype))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        o_proj = self.self_attn.o_proj
+        x = x + o_proj(attn.transpose(1, 2).reshape(batch, seq, -1).to(o_proj.weight.dtype))
+        return x + self.mlp(self.post_attention_layernorm(x).to(o_proj.weight.dtype))
 
 
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
