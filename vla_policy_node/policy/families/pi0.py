@@ -53,6 +53,7 @@ class Pi0Family(PolicyFamily):
                                                    known_unused=lambda key: key in LM_HEAD_KEYS,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
     model_class: ClassVar[Any] = PiZeroModel
+    tokenizer_class: ClassVar[Any] = PromptTokenizer
     model: PiZeroModel
 
     # ---- loading ---------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ class Pi0Family(PolicyFamily):
         if tokenizer_file is None:
             raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
                                  'tokenizer.model (see README "Getting a real checkpoint")')
-        tokenizer = PromptTokenizer.from_path(tokenizer_file)
+        tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
         if tokenizer.vocab_size > loaded.config.vocab_size:
             raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
                                  f'model embedding ({loaded.config.vocab_size})')

@@ -42,6 +42,7 @@ class SmolVLAFamily(PolicyFamily):
     type_name: ClassVar[str] = 'smolvla'
     state_in_prompt: ClassVar[bool] = False
     model_class: ClassVar[Any] = SmolVLAModel
+    tokenizer_class: ClassVar[Any] = SmolVLMTokenizer
     # lerobot saves the backbone's lm_head; inference never reads it.
     weight_keys: ClassVar[WeightKeys] = WeightKeys(param_dtype=param_dtype, known_unused=lambda key: key == LM_HEAD_KEY)
     model: SmolVLAModel
@@ -79,7 +80,7 @@ class SmolVLAFamily(PolicyFamily):
         if tokenizer_file is None:
             raise TokenizerError(f'{folder} has no tokenizer/{HF_TOKENIZER_FILE}; pass tokenizer_path= pointing at '
                                  'SmolVLM2\'s tokenizer.json (see README "SmolVLA checkpoints")')
-        tokenizer = SmolVLMTokenizer.from_path(tokenizer_file)
+        tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
         vocab = loaded.config.backbone.vocab_size
         if tokenizer.vocab_size > vocab:
             raise TokenizerError(f'tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the '
