@@ -105,8 +105,10 @@ class PolicyFamily(ABC):
     state_in_prompt: ClassVar[bool] = False
     # The family's own load options and their defaults (runtime keyword arguments pass through).
     option_defaults: ClassVar[Mapping[str, Any]] = {}
-    # The nn.Module class the family's config builds (random-weight checkpoints, benchmarks).
+    # The nn.Module class the family's config builds and its tokenizer class (``from_path``), for
+    # random-weight checkpoints and benchmarks.
     model_class: ClassVar[Any] = None
+    tokenizer_class: ClassVar[Any] = None
 
     def __init__(self, config: Any, model: torch.nn.Module, state_normalizer: FeatureNormalizer,
                  action_normalizer: FeatureNormalizer, tokenizer: Any, weights_path: Path,

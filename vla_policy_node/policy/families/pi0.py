@@ -20,12 +20,13 @@ import torch
 from ...cache.context import PrefixContext
 from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                           normalizer_step, relative_step, write_folder)
-from ..config import PaliGemmaTraits, PolicyConfig
+from ..config import PaliGemmaTraits, PolicyConfig, preset
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..pi0 import PiZeroModel, param_dtype
 from ..preprocess import resize_with_pad, to_model_range
 from ..rtc import RTCSettings
+from ..tiny_tokenizer import build_test_tokenizer
 from ..tokenizer import PromptTokenizer, TokenizerError
 
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
@@ -52,6 +53,7 @@ class Pi0Family(PolicyFamily):
                                                    known_unused=lambda key: key in LM_HEAD_KEYS,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
     model_class: ClassVar[Any] = PiZeroModel
+    tokenizer_class: ClassVar[Any] = PromptTokenizer
     model: PiZeroModel
 
     # ---- loading ---------------------------------------------------------------------------------
@@ -78,7 +80,7 @@ class Pi0Family(PolicyFamily):
         if tokenizer_file is None:
             raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
                                  'tokenizer.model (see README "Getting a real checkpoint")')
-        tokenizer = PromptTokenizer.from_path(tokenizer_file)
+        tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
         if tokenizer.vocab_size > loaded.config.vocab_size:
             raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
                                  f'model embedding ({loaded.config.vocab_size})')
@@ -86,6 +88,14 @@ class Pi0Family(PolicyFamily):
                    loaded.weights_path, **options)
 
     # ---- saving (the tiny default and tests write lerobot folders) ----------------------------------
+    @classmethod
+    def tiny_config(cls, **overrides: Any) -> PolicyConfig:
+        return preset('tiny', policy_type=cls.type_name, **overrides)
+
+    @classmethod
+    def build_test_tokenizer(cls, folder: Path, vocab_size: int) -> Path:
+        return build_test_tokenizer(folder, vocab_size=vocab_size)
+
     @classmethod
     def preprocessor_steps(cls, config: PolicyConfig) -> List[Dict[str, Any]]:
         """lerobot processor_pi0's step order: new line, tokenizer, device, relative actions, normalizer."""
