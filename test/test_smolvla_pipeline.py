@@ -42,7 +42,10 @@ OTHER_STATE = np.array([-0.2, 0.4, 1.1, -0.7, 0.0, 0.3], dtype=np.float32)
 VARIANTS = {
     'default': {},                                                      # 2 cameras + 1 empty, 'longest'
     'max_length': {'pad_language_to': 'max_length'},
-    'every3_width05': {'self_attn_every_n_layers': 3, 'expert_width_multiplier': 0.5, 'empty_cameras': 0},
+    'every3_width05': {'self_attn_every_n_layers': 3, 'expert_width_multiplier': 0.5, 'empty_cameras': 0,
+                       'num_steps': 4},
+    'all_cross': {'self_attn_every_n_layers': 0},                      # every expert layer cross-attends
+    'self_attn_mode': {'attention_mode': 'self_attn'},                 # no cross-attention layer at all
 }
 CASES = {'two_cameras_short': (FRAMES, SHORT), 'masked_camera_long': (ONE_CAMERA, LONG),
          'other_frames_newline': (OTHER_FRAMES, 'stack_the cubes\n')}
