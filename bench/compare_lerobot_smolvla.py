@@ -49,7 +49,7 @@ for _path in (ROOT, ROOT / 'test'):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from smolvla_fixtures import write_tiny_smolvla  # noqa: E402
+from smolvla_fixtures import PARITY_VARIANTS, write_tiny_smolvla  # noqa: E402
 from lerobot_smolvla_reference import LerobotSmolVLAReference  # noqa: E402
 
 REAL_CONFIG = dict(chunk_size=50, n_action_steps=50, resize_imgs_with_padding=[512, 512], empty_cameras=0,
@@ -211,6 +211,21 @@ def part_a(work: Path) -> Dict[str, List[np.ndarray]]:
     return out
 
 
+def part_v(work: Path) -> None:
+    print('\n(v) the test reference vs lerobot on every parity-test checkpoint variant (max abs diff)')
+    cases = [(frames_of(1, {'top': (24, 40), 'wrist': (48, 30)}), 'pick up the red cube'),
+             (frames_of(2, {'top': (24, 40)}), LONG)]
+    for i, (name, overrides) in enumerate(PARITY_VARIANTS.items()):
+        checkpoint = write_tiny_smolvla(work / f'variant_{name}', seed=i, **overrides)
+        folder = lerobot_folder(checkpoint, work / f'variant_{name}_lerobot')
+        pairs = ((Lerobot(folder, fp32=True), LerobotSmolVLAReference(checkpoint)),
+                 (Lerobot(folder, fp32=False), LerobotSmolVLAReference(checkpoint, recipe='bfloat16')))
+        diffs = [[maxdiff(lr.actions(f, state_of(j), t, noise_of(j, 8)),
+                          ref.actions(f, state_of(j), t, noise_of(j, 8))) for j, (f, t) in enumerate(cases)]
+                 for lr, ref in pairs]
+        print(f'  {name} {overrides}: fp32 {max(diffs[0]):.3g}, bf16 recipe {max(diffs[1]):.3g}')
+
+
 def bf16_report(label: str, checkpoint: Path, lerobot_dir: Path, inputs, lerobot_fp32, ours_fp32) -> None:
     lerobot = Lerobot(lerobot_dir, fp32=False)
     print(f'  lerobot as built ({label}): {lerobot.dtypes()}')
@@ -290,7 +305,9 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_referen
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--parts', default='abc', help='any of a, b, c (c runs on the tiny and, with b, real shape)')
+    parser.add_argument('--parts', default='abc',
+                        help='any of a, b, c, v (c: tiny and, with b, real shape; v: the reference on every '
+                             'test variant)')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--with-reference', action='store_true',
@@ -312,6 +329,8 @@ def main() -> int:
                 print('\n(c, tiny) bf16 error against fp32')
                 bf16_report('tiny', tiny['checkpoint'], tiny['lerobot_folder'], tiny['inputs'], tiny['lerobot'],
                             tiny['ours'])
+        if 'v' in args.parts:
+            part_v(work)
         if 'b' in args.parts:
             part_b(work, args.repeats, args.threads, with_bf16='c' in args.parts, with_reference=args.with_reference)
     finally:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lerobot_smolvla_reference import LerobotSmolVLAReference
-from smolvla_fixtures import CAMERAS, write_tiny_smolvla
+from smolvla_fixtures import CAMERAS, PARITY_VARIANTS, write_tiny_smolvla
 
 pytest.importorskip('vla_policy_node.policy.families.smolvla',
                     reason='the package has no smolvla policy family yet (branch issue16)')
@@ -39,14 +39,7 @@ LONG = ('pick up the red cube and put it in the bin, then place the green block 
         'close it again and wipe the table with the towel before you fold the shirt in half')   # > 48 tokens
 STATE = np.array([0.31, -1.2, 0.05, 2.5, -0.44, 0.9], dtype=np.float32)
 OTHER_STATE = np.array([-0.2, 0.4, 1.1, -0.7, 0.0, 0.3], dtype=np.float32)
-VARIANTS = {
-    'default': {},                                                      # 2 cameras + 1 empty, 'longest'
-    'max_length': {'pad_language_to': 'max_length'},
-    'every3_width05': {'self_attn_every_n_layers': 3, 'expert_width_multiplier': 0.5, 'empty_cameras': 0,
-                       'num_steps': 4},
-    'all_cross': {'self_attn_every_n_layers': 0},                      # every expert layer cross-attends
-    'self_attn_mode': {'attention_mode': 'self_attn'},                 # no cross-attention layer at all
-}
+VARIANTS = PARITY_VARIANTS
 CASES = {'two_cameras_short': (FRAMES, SHORT), 'masked_camera_long': (ONE_CAMERA, LONG),
          'other_frames_newline': (OTHER_FRAMES, 'stack_the cubes\n')}
 
