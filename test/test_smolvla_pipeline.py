@@ -183,3 +183,25 @@ def test_bf16_error_is_at_most_lerobots_bf16_recipe(folders, references):
         theirs_err.append(np.abs(lerobot_bf16.actions(frames, STATE, task, eps) - fp32).max())
     assert max(theirs_err) > 1e-4, 'the bf16 recipe does change the numbers'
     assert np.mean(ours_err) <= np.mean(theirs_err), (ours_err, theirs_err)
+
+
+@pytest.mark.parametrize('schedule', ['linear', 'exp', 'ones', 'zeros'])
+def test_guided_rtc_continues_a_chunk_as_lerobot_does(folders, references, schedule):
+    """RTCProcessor.denoise_step guidance (lerobot's autograd formulation in the reference) on a miss and a hit."""
+    from vla_policy_node.policy.rtc import RTCSettings
+    runtime = runtime_for(folders['default'])
+    rtc = RTCSettings(schedule=schedule, max_guidance_weight=5.0, execution_horizon=6)
+    lerobot_rtc = {'prefix_attention_schedule': schedule.upper(), 'max_guidance_weight': 5.0, 'execution_horizon': 6}
+    first = runtime.infer(Observation(FRAMES, STATE, SHORT), noise=noise(0))
+    leftover = first.normalized[3:]                       # 5 unexecuted actions, model space [5, action_dim]
+    plain = references['default'].actions(FRAMES, OTHER_STATE, SHORT, noise(1))
+    for frames in (FRAMES, OTHER_FRAMES):                 # a hit (only the state moved), then a miss
+        ours = runtime.infer(Observation(frames, OTHER_STATE, SHORT), noise=noise(1), prev_chunk_left_over=leftover,
+                             inference_delay=2, rtc=rtc)
+        assert ours.continued and ours.cache_hit == (frames is FRAMES)
+        theirs = references['default'].actions(frames, OTHER_STATE, SHORT, noise(1), rtc=lerobot_rtc,
+                                               prev_chunk_left_over=leftover, inference_delay=2)
+        np.testing.assert_allclose(ours.actions, theirs, rtol=0, atol=ATOL)
+    guided = references['default'].actions(FRAMES, OTHER_STATE, SHORT, noise(1), rtc=lerobot_rtc,
+                                           prev_chunk_left_over=leftover, inference_delay=2)
+    assert np.abs(guided - plain).max() > 1e-3           # the guidance does steer the chunk
