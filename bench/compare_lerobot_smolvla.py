@@ -132,10 +132,22 @@ class Lerobot:
         obs['observation.state'] = np.asarray(state, dtype=np.float32).copy()
         return self.pre(prepare_observation_for_inference(obs, torch.device('cpu'), task))
 
+    def set_rtc(self, rtc) -> None:
+        """rtc: None, or an RTCConfig as a dict (prefix_attention_schedule, max_guidance_weight, ...)."""
+        from lerobot.policies.rtc.configuration_rtc import RTCConfig
+        from lerobot.configs.types import RTCAttentionSchedule
+        self.policy.config.rtc_config = None if rtc is None else RTCConfig(
+            enabled=True, prefix_attention_schedule=RTCAttentionSchedule(rtc['prefix_attention_schedule']),
+            max_guidance_weight=rtc['max_guidance_weight'], execution_horizon=rtc['execution_horizon'])
+        self.policy.init_rtc_processor()
+
     @torch.no_grad()
-    def actions(self, frames, state, task, noise) -> np.ndarray:
+    def actions(self, frames, state, task, noise, **rtc_kwargs) -> np.ndarray:
         self.policy.reset()
-        out = self.policy.predict_action_chunk(self.batch(frames, state, task), noise=torch.from_numpy(noise)[None])
+        if rtc_kwargs.get('prev_chunk_left_over') is not None:
+            rtc_kwargs['prev_chunk_left_over'] = torch.from_numpy(rtc_kwargs['prev_chunk_left_over'])[None]
+        out = self.policy.predict_action_chunk(self.batch(frames, state, task), noise=torch.from_numpy(noise)[None],
+                                               **rtc_kwargs)
         return self.post(out)[0].float().numpy()
 
     def model_inputs(self, frames, state, task):
@@ -224,6 +236,19 @@ def part_v(work: Path) -> None:
                           ref.actions(f, state_of(j), t, noise_of(j, 8))) for j, (f, t) in enumerate(cases)]
                  for lr, ref in pairs]
         print(f'  {name} {overrides}: fp32 {max(diffs[0]):.3g}, bf16 recipe {max(diffs[1]):.3g}')
+        if name != 'default':
+            continue
+        lerobot, reference = pairs[0]
+        leftover = np.random.default_rng(7).normal(0, 1, (5, 6)).astype(np.float32)
+        for schedule in ('LINEAR', 'EXP', 'ONES', 'ZEROS'):
+            rtc = {'prefix_attention_schedule': schedule, 'max_guidance_weight': 5.0, 'execution_horizon': 6}
+            lerobot.set_rtc(rtc)
+            kwargs = dict(prev_chunk_left_over=leftover, inference_delay=2)
+            frames, task = cases[0]
+            theirs = lerobot.actions(frames, state_of(0), task, noise_of(0, 8), **dict(kwargs))
+            ref = reference.actions(frames, state_of(0), task, noise_of(0, 8), rtc=rtc, **kwargs)
+            print(f'    guided RTC {schedule} (delay 2, horizon 6, leftover 5): fp32 {maxdiff(theirs, ref):.3g}')
+        lerobot.set_rtc(None)
 
 
 def bf16_report(label: str, checkpoint: Path, lerobot_dir: Path, inputs, lerobot_fp32, ours_fp32) -> None:
