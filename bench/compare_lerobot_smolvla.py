@@ -232,8 +232,9 @@ def part_v(work: Path) -> None:
         folder = lerobot_folder(checkpoint, work / f'variant_{name}_lerobot')
         pairs = ((Lerobot(folder, fp32=True), LerobotSmolVLAReference(checkpoint)),
                  (Lerobot(folder, fp32=False), LerobotSmolVLAReference(checkpoint, recipe='bfloat16')))
-        diffs = [[maxdiff(lr.actions(f, state_of(j), t, noise_of(j, 8)),
-                          ref.actions(f, state_of(j), t, noise_of(j, 8))) for j, (f, t) in enumerate(cases)]
+        chunk = pairs[1][1].raw['chunk_size']
+        diffs = [[maxdiff(lr.actions(f, state_of(j), t, noise_of(j, chunk)),
+                          ref.actions(f, state_of(j), t, noise_of(j, chunk))) for j, (f, t) in enumerate(cases)]
                  for lr, ref in pairs]
         print(f'  {name} {overrides}: fp32 {max(diffs[0]):.3g}, bf16 recipe {max(diffs[1]):.3g}')
         if name != 'default':

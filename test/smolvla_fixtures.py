@@ -137,6 +137,8 @@ PARITY_VARIANTS = {
                        'num_steps': 4},
     'all_cross': {'self_attn_every_n_layers': 0},                      # every expert layer cross-attends
     'self_attn_mode': {'attention_mode': 'self_attn'},                 # no cross-attention layer at all
+    'padded_prefix': {'prefix_length': 64, 'tokenizer_max_length': 10, 'empty_cameras': 2, 'num_steps': 3,
+                      'chunk_size': 5, 'n_action_steps': 5},            # prefix padded to 64, prompts cut to 10
 }
 
 

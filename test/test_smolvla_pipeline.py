@@ -69,10 +69,11 @@ def runtime_for(folder, dtype='float32') -> PolicyRuntime:
 def test_runtime_returns_what_lerobots_pipeline_returns(folders, references, variant, case):
     frames, task = CASES[case]
     runtime = runtime_for(folders[variant])
-    eps = noise(0)
+    chunk = references[variant].raw['chunk_size']
+    eps = noise(0, chunk_size=chunk)
     ours = runtime.infer(Observation(frames, STATE, task), noise=eps).actions
     theirs = references[variant].actions(frames, STATE, task, eps)
-    assert ours.shape == theirs.shape == (8, 6)
+    assert ours.shape == theirs.shape == (chunk, 6)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL)
 
 
@@ -108,7 +109,7 @@ def test_images_reach_the_model_as_lerobot_prepares_them(folders, references, si
     np.testing.assert_array_equal(ours.float().cpu().numpy(), theirs.numpy())
 
 
-@pytest.mark.parametrize('variant', ['default', 'max_length'])
+@pytest.mark.parametrize('variant', ['default', 'max_length', 'padded_prefix'])
 @pytest.mark.parametrize('task', [SHORT, LONG, 'stack_the cubes\n', ''])
 def test_prompt_tokens_are_lerobots(folders, references, variant, task):
     """task + "\\n", no BOS, truncated to tokenizer_max_length, right padding with <|im_end|>; 'longest' may be
@@ -122,6 +123,7 @@ def test_prompt_tokens_are_lerobots(folders, references, variant, task):
     assert ids[:n].tolist() == ref_ids[:n].tolist()
     if variant == 'max_length':
         assert len(ids) == 48
+    assert n <= references[variant].raw['tokenizer_max_length']
     if len(ids) > n:
         assert set(ids[n:].tolist()) == {2}, 'padded with <|im_end|> (id 2)'
 
