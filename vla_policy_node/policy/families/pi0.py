@@ -27,7 +27,7 @@ from ..pi0 import PiZeroModel, param_dtype
 from ..preprocess import resize_with_pad, to_model_range
 from ..rtc import RTCSettings
 from ..tiny_tokenizer import build_test_tokenizer
-from ..tokenizer import PromptTokenizer, TokenizerError
+from ..tokenizer import PromptTokenizer
 
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
 LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
@@ -53,6 +53,7 @@ class Pi0Family(PolicyFamily):
                                                    known_unused=lambda key: key in LM_HEAD_KEYS,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
     model_class: ClassVar[Any] = PiZeroModel
+    tokenizer_hint: ClassVar[str] = ('the PaliGemma tokenizer.model (see README "Getting a real checkpoint")')
     tokenizer_class: ClassVar[Any] = PromptTokenizer
     model: PiZeroModel
 
@@ -69,23 +70,6 @@ class Pi0Family(PolicyFamily):
         except ConfigError as exc:
             raise CheckpointError(str(exc)) from exc
         return load_parts(folder, config, cls.model_class, device, dtype, cls.weight_keys)
-
-    @classmethod
-    def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
-             tokenizer_path: Optional[Path] = None, **options: Any) -> 'Pi0Family':
-        from ..checkpoint import read_config_json
-        options = cls.checked_options(options)     # refuse another family's option before loading anything
-        loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype)
-        tokenizer_file = tokenizer_path or loaded.tokenizer_path
-        if tokenizer_file is None:
-            raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
-                                 'tokenizer.model (see README "Getting a real checkpoint")')
-        tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
-        if tokenizer.vocab_size > loaded.config.vocab_size:
-            raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
-                                 f'model embedding ({loaded.config.vocab_size})')
-        return cls(loaded.config, loaded.model, loaded.state_normalizer, loaded.action_normalizer, tokenizer,
-                   loaded.weights_path, **options)
 
     # ---- saving (the tiny default and tests write lerobot folders) ----------------------------------
     @classmethod
