@@ -214,17 +214,23 @@ class PolicyFamily(ABC):
         """What a masked camera slot gets: all -1 at the model resolution (lerobot's empty cameras)."""
         return empty_camera_image(self.config.image_resolution, self.device)
 
-    @abstractmethod
     def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
                     token_masks: torch.Tensor) -> PrefixContext:
-        """images [B, N, 3, h, w]; image_masks [B, N]; tokens, token_masks [B, L] -> read-only context."""
+        """images [B, N, 3, h, w]; image_masks [B, N]; tokens, token_masks [B, L] -> read-only context.
+        By default the model's own ``fill_prefix``."""
+        return self.model.fill_prefix(images, image_masks, tokens, token_masks)
 
-    @abstractmethod
     def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
                 prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
                 execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
         """state [B, max_state_dim] (normalised, zero-padded); noise [B, H, max_action_dim]
-        -> normalised actions [B, H, max_action_dim] fp32. ``context`` is never written."""
+        -> normalised actions [B, H, max_action_dim] fp32. ``context`` is never written.
+
+        By default the model's two halves: ``chunk_setup`` (everything fixed for the chunk: K/V workspace,
+        the state part, time terms, RTC guide) then ``euler_loop`` (the per-step loop alone)."""
+        chunk = self.model.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                       inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.model.euler_loop(chunk)
 
     def describe(self) -> Dict[str, Any]:
         """What /diagnostics and the replay summary show about the policy."""

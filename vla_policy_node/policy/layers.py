@@ -269,3 +269,28 @@ class TimeEmbeddingTable:
             emb = sincos_time_embedding(t, self.width, self.min_period, self.max_period)
             self._tables[key] = emb.to(torch.float32).to(device)
         return self._tables[key]
+
+
+def keep_fp32(name: str, compute_dtype: torch.dtype, markers: Sequence[str]) -> torch.dtype:
+    """Storage dtype of parameter ``name``: fp32 when a marker is in its name, else the compute dtype."""
+    return torch.float32 if any(marker in name for marker in markers) else compute_dtype
+
+
+class MixedPrecisionPolicy(nn.Module):
+    """A policy model that computes in ``compute_dtype`` but keeps the parameters its ``param_dtype`` names
+    in fp32 (subclasses set ``fp32_markers``); its device is that of its ``action_in_proj``."""
+
+    fp32_markers: Tuple[str, ...] = ()
+
+    def param_dtype(self, name: str, compute_dtype: torch.dtype) -> torch.dtype:
+        return keep_fp32(name, compute_dtype, self.fp32_markers)
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> 'MixedPrecisionPolicy':
+        self.compute_dtype = dtype
+        for name, param in self.named_parameters():
+            param.data = param.data.to(self.param_dtype(name, dtype))
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_in_proj.weight.device

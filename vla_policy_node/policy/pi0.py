@@ -26,7 +26,7 @@ from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
 from .family import check_chunk_inputs, check_prefix_inputs
-from .layers import TimeEmbeddingTable, additive_mask, fold_mask, rope_cos_sin
+from .layers import MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, keep_fp32, rope_cos_sin
 from .rtc import RTCGuide, RTCSettings, prepare_guide
 from .siglip import SiglipVisionTower
 
@@ -39,7 +39,7 @@ FP32_MODULE_MARKERS = ('vision_tower', 'multi_modal_projector', 'input_layernorm
 
 def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
     """Storage dtype of a parameter when the model computes in ``compute_dtype``."""
-    return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
+    return keep_fp32(name, compute_dtype, FP32_MODULE_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,12 @@ class PaliGemmaWithExpert(nn.Module):
         self.gemma_expert = GemmaExpert(config)
 
 
-class PiZeroModel(nn.Module):
+class PiZeroModel(MixedPrecisionPolicy):
     """pi0 (a state token, time fused into the action tokens) or pi0.5 (state in the prompt, adaptive
-    expert norms), as ``config.traits`` says; inference only."""
+    expert norms), as ``config.traits`` says; inference only. ``set_compute_dtype`` runs the two Gemma
+    stacks in a dtype and keeps FP32_MODULE_MARKERS modules in fp32."""
+
+    fp32_markers = FP32_MODULE_MARKERS
 
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -121,18 +124,6 @@ class PiZeroModel(nn.Module):
             self.time_mlp_out = nn.Linear(width, width)
         self.compute_dtype = torch.float32
         self._time_table = TimeEmbeddingTable(width, config.min_period, config.max_period)
-
-    # ---- precision -------------------------------------------------------------
-    def set_compute_dtype(self, dtype: torch.dtype) -> 'PiZeroModel':
-        """Run the two Gemma stacks in ``dtype``; keep FP32_MODULE_MARKERS modules in fp32."""
-        self.compute_dtype = dtype
-        for name, param in self.named_parameters():
-            param.data = param.data.to(param_dtype(name, dtype))
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.action_in_proj.weight.device
 
     @property
     def _lm(self) -> GemmaStack:

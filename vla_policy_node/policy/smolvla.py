@@ -40,8 +40,8 @@ from torch import nn
 
 from ..cache.context import PrefixContext
 from .family import check_chunk_inputs, check_prefix_inputs
-from .layers import (TimeEmbeddingTable, additive_mask, fold_mask, grouped_query_attention,
-                     split_half_rope_tables)
+from .layers import (MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, grouped_query_attention,
+                     keep_fp32, split_half_rope_tables)
 from .rtc import RTCGuide, RTCSettings, prepare_guide
 from .smolvla_config import SmolVLAConfig
 from .smolvlm import LlamaExpert, SmolVLM
@@ -52,7 +52,7 @@ FP32_MODULE_MARKERS = ('vision_model', 'connector', 'state_proj', 'action_in_pro
 
 
 def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
+    return keep_fp32(name, compute_dtype, FP32_MODULE_MARKERS)
 
 
 class VLMWithExpert(nn.Module):
@@ -85,8 +85,10 @@ class SmolChunk:
     num_steps: int
 
 
-class SmolVLAModel(nn.Module):
+class SmolVLAModel(MixedPrecisionPolicy):
     """Module names mirror lerobot's VLAFlowMatching so ``model.safetensors`` keys (minus ``model.``) load."""
+
+    fp32_markers = FP32_MODULE_MARKERS
 
     def __init__(self, config: SmolVLAConfig) -> None:
         super().__init__()
@@ -107,16 +109,6 @@ class SmolVLAModel(nn.Module):
                 plan.append((i, expert_index, None if self_attn else cross))
                 cross += 0 if self_attn else 1
         self._plan = tuple(plan)
-
-    def set_compute_dtype(self, dtype: torch.dtype) -> 'SmolVLAModel':
-        self.compute_dtype = dtype
-        for name, param in self.named_parameters():
-            param.data = param.data.to(param_dtype(name, dtype))
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.action_in_proj.weight.device
 
     @property
     def _vlm(self):

@@ -17,7 +17,6 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ...cache.context import PrefixContext
 from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                           normalizer_step, relative_step, write_folder)
 from ..config import PaliGemmaTraits, PolicyConfig, preset
@@ -25,7 +24,6 @@ from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..pi0 import PiZeroModel, param_dtype
 from ..preprocess import resize_with_pad, to_model_range
-from ..rtc import RTCSettings
 from ..tiny_tokenizer import build_test_tokenizer
 from ..tokenizer import PromptTokenizer
 
@@ -104,17 +102,6 @@ class Pi0Family(PolicyFamily):
 
     def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
         return to_model_range(resize_with_pad(unit, self.config.image_resolution))
-
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        return self.model.fill_prefix(images, image_masks, tokens, token_masks)
-
-    def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
-                prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
-                execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        chunk = self.model.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                                       inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        return self.model.euler_loop(chunk)
 
 
 def tokenizer_step(config: PolicyConfig) -> Dict[str, Any]:
