@@ -38,7 +38,8 @@ POLICY_LEVEL_FIELDS = (
     'policy_type', 'camera_names', 'all_camera_names', 'empty_cameras', 'image_resolution', 'chunk_size',
     'n_action_steps', 'state_dim', 'action_dim', 'max_state_dim', 'max_action_dim', 'num_inference_steps',
     'tokenizer_max_length', 'normalization_mapping', 'rtc_training_max_delay', 'use_relative_actions',
-    'relative_exclude_joints', 'action_feature_names', 'tokens_per_image', 'prefix_len',
+    'relative_exclude_joints', 'action_feature_names', 'tokens_per_image', 'prefix_len', 'num_prefix_layers',
+    'vocab_size',
 )
 
 

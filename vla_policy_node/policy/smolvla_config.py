@@ -157,6 +157,11 @@ class SmolVLAConfig(PolicyLevelConfig):
         return self.backbone.text
 
     @property
+    def num_prefix_layers(self) -> int:
+        """Layers of the stack the prefix runs through (the VLM's first num_vlm_layers)."""
+        return self.num_vlm_layers
+
+    @property
     def vocab_size(self) -> int:
         return self.backbone.vocab_size
 
