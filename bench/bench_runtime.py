@@ -50,7 +50,7 @@ from vla_policy_node.policy.tiny_default import statistics as norm_statistics  #
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.runtime import STAGES, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402
 from vla_policy_node.trajectory import build_plan  # noqa: E402
-from flops import model_layers, stage_flops  # noqa: E402  (bench/ is on sys.path when run as a script)
+from flops import stage_flops  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 FRAME_HEIGHT, FRAME_WIDTH = 480, 640
 INSTRUCTION = 'pick up the red block and put it in the bin'
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
             peak = max(peak, peak_gemm_gflops(device, dtype, peak_size))
             sizes = entry_bytes(runtime)
             ratio = stages['miss']['total'] / stages['hit']['total']
-            layers = model_layers(runtime.config)
+            layers = runtime.config.num_prefix_layers
             report[name] = {'stages_ms': stages, 'miss_over_hit': ratio, 'entry_bytes': sizes,
                             'config': {'layers': layers, 'prefix_len': sizes['prefix_len'],
                                        'cameras': len(runtime.config.camera_names),

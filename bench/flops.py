@@ -120,8 +120,3 @@ _COUNTERS = {PolicyConfig: _pi_stage_flops, SmolVLAConfig: smolvla_stage_flops}
 def stage_flops(config, num_steps: int) -> Dict[str, int]:
     """{'prefix': FLOPs of a miss's prefix, 'denoise': FLOPs of one chunk's denoise} for any family's config."""
     return _COUNTERS[type(config)](config, num_steps)
-
-
-def model_layers(config) -> int:
-    """Transformer layers of the prefix stack (the language model / the VLM cut)."""
-    return config.num_vlm_layers if isinstance(config, SmolVLAConfig) else config.language.depth

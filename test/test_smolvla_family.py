@@ -64,8 +64,8 @@ def runtime(tiny) -> PolicyRuntime:
 
 def frames(seed: int = 1):
     rng = np.random.default_rng(seed)
-    return {'top': rng.integers(0, 256, (24, 40, 3), dtype=np.uint8),
-            'wrist': rng.integers(0, 256, (48, 30, 3), dtype=np.uint8)}
+    return {'base_0_rgb': rng.integers(0, 256, (24, 40, 3), dtype=np.uint8),
+            'left_wrist_0_rgb': rng.integers(0, 256, (48, 30, 3), dtype=np.uint8)}     # the right wrist masked
 
 
 def full_config(**changes) -> dict:
@@ -300,8 +300,8 @@ def test_a_state_change_hits_and_equals_a_fresh_miss_with_that_state(tiny):
 def test_a_frame_or_instruction_change_misses(runtime):
     runtime.infer(Observation(frames(1), STATE, TASK), seed=0)
     other_frame = frames(1)
-    other_frame['wrist'] = other_frame['wrist'].copy()
-    other_frame['wrist'][0, 0, 0] ^= 1
+    other_frame['left_wrist_0_rgb'] = other_frame['left_wrist_0_rgb'].copy()
+    other_frame['left_wrist_0_rgb'][0, 0, 0] ^= 1
     assert not runtime.infer(Observation(other_frame, STATE, TASK), seed=0).cache_hit
     assert not runtime.infer(Observation(frames(1), STATE, 'open the drawer'), seed=0).cache_hit
     assert runtime.infer(Observation(frames(1), OTHER_STATE, TASK), seed=0).cache_hit
@@ -367,3 +367,27 @@ def test_a_random_checkpoint_of_another_shape_round_trips(tmp_path):
     assert loaded.config == config and loaded.config.cross_layer_count == 0
     runtime = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32')
     assert np.all(np.isfinite(runtime.infer(Observation(frames(), STATE, TASK), seed=0).actions))
+
+
+# ---- the tools -------------------------------------------------------------------------------------------
+def test_the_replay_runs_a_smolvla_checkpoint_and_reports_its_entry_bytes(tiny, tmp_path):
+    from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag
+    from vla_policy_node.replay.offline import replay
+    bag = write_sample_bag(tmp_path / 'bag', SampleBagSpec(duration_sec=2.0))
+    params = tmp_path / 'params.yaml'
+    params.write_text('/**:\n  ros__parameters:\n    joint_names: [joint_1, joint_2, joint_3, joint_4, joint_5, '
+                      'joint_6]\n    instruction: "pick up the red block"\n    control_rate_hz: 10.0\n'
+                      '    action_period_sec: 0.1\n    max_camera_skew_sec: 0.25\n')
+    result = replay(bag, params, tmp_path / 'out', checkpoint=str(tiny), seed=1)
+    summary = result.summary
+    assert summary['policy_type'] == 'smolvla' and summary['published'] > 0
+    assert summary['cache']['entry_bytes'] == smolvla_preset('tiny').cache_entry_bytes(4)
+    # The joints move at 50 Hz while frames change at 5 Hz: ticks between frames hit.
+    assert summary['cache']['hits'] >= summary['published'] // 3
+
+
+def test_make_checkpoint_writes_a_smolvla(tmp_path, capsys):
+    from vla_policy_node.policy.tiny_default import main
+    assert main([str(tmp_path / 'out'), '--type', 'smolvla']) == 0
+    assert 'smolvla' in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / 'out', CPU, torch.float32).config.policy_type == 'smolvla'

@@ -251,3 +251,46 @@ def sincos_time_embedding(t: torch.Tensor, dim: int, min_period: float, max_peri
     angular_rate = 2.0 * math.pi / period                              # [dim/2]
     angles = t.to(torch.float64)[:, None] * angular_rate[None, :]      # [N, dim/2]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class TimeEmbeddingTable:
+    """Sin-cos embeddings of the Euler times t_k = 1 + k*dt (k < num_steps), then of t = 0 (a clean token),
+    -> [num_steps + 1, width] fp32 on a device, computed once per (num_steps, device)."""
+
+    def __init__(self, width: int, min_period: float, max_period: float) -> None:
+        self.width, self.min_period, self.max_period = width, min_period, max_period
+        self._tables: dict = {}
+
+    def __call__(self, num_steps: int, device: torch.device) -> torch.Tensor:
+        from .rtc import step_times
+        key = (num_steps, str(device))
+        if key not in self._tables:
+            t = torch.tensor(step_times(num_steps) + [0.0], dtype=torch.float32)
+            emb = sincos_time_embedding(t, self.width, self.min_period, self.max_period)
+            self._tables[key] = emb.to(torch.float32).to(device)
+        return self._tables[key]
+
+
+def keep_fp32(name: str, compute_dtype: torch.dtype, markers: Sequence[str]) -> torch.dtype:
+    """Storage dtype of parameter ``name``: fp32 when a marker is in its name, else the compute dtype."""
+    return torch.float32 if any(marker in name for marker in markers) else compute_dtype
+
+
+class MixedPrecisionPolicy(nn.Module):
+    """A policy model that computes in ``compute_dtype`` but keeps the parameters its ``param_dtype`` names
+    in fp32 (subclasses set ``fp32_markers``); its device is that of its ``action_in_proj``."""
+
+    fp32_markers: Tuple[str, ...] = ()
+
+    def param_dtype(self, name: str, compute_dtype: torch.dtype) -> torch.dtype:
+        return keep_fp32(name, compute_dtype, self.fp32_markers)
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> 'MixedPrecisionPolicy':
+        self.compute_dtype = dtype
+        for name, param in self.named_parameters():
+            param.data = param.data.to(self.param_dtype(name, dtype))
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_in_proj.weight.device

@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..cache.context import PrefixContext
-from .layers import additive_mask, fold_mask, grouped_query_attention, sincos_time_embedding, split_half_rope_tables
-from .rtc import RTCGuide, RTCSettings, prepare_guide, step_times
+from .family import check_chunk_inputs, check_prefix_inputs
+from .layers import (MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, grouped_query_attention,
+                     keep_fp32, split_half_rope_tables)
+from .rtc import RTCGuide, RTCSettings, prepare_guide
 from .smolvla_config import SmolVLAConfig
 from .smolvlm import LlamaExpert, SmolVLM
 
@@ -50,7 +52,7 @@ FP32_MODULE_MARKERS = ('vision_model', 'connector', 'state_proj', 'action_in_pro
 
 
 def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
+    return keep_fp32(name, compute_dtype, FP32_MODULE_MARKERS)
 
 
 class VLMWithExpert(nn.Module):
@@ -83,8 +85,10 @@ class SmolChunk:
     num_steps: int
 
 
-class SmolVLAModel(nn.Module):
+class SmolVLAModel(MixedPrecisionPolicy):
     """Module names mirror lerobot's VLAFlowMatching so ``model.safetensors`` keys (minus ``model.``) load."""
+
+    fp32_markers = FP32_MODULE_MARKERS
 
     def __init__(self, config: SmolVLAConfig) -> None:
         super().__init__()
@@ -97,7 +101,7 @@ class SmolVLAModel(nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
         self.compute_dtype = torch.float32
-        self._time_embeddings: Dict[Tuple[int, str], torch.Tensor] = {}
+        self._time_table = TimeEmbeddingTable(width, config.min_period, config.max_period)
         # (VLM layer, expert layer, index among the cross layers or None) for every VLM layer with an expert.
         plan, cross = [], 0
         for i, (expert_index, self_attn) in enumerate(config.layer_plan):
@@ -105,16 +109,6 @@ class SmolVLAModel(nn.Module):
                 plan.append((i, expert_index, None if self_attn else cross))
                 cross += 0 if self_attn else 1
         self._plan = tuple(plan)
-
-    def set_compute_dtype(self, dtype: torch.dtype) -> 'SmolVLAModel':
-        self.compute_dtype = dtype
-        for name, param in self.named_parameters():
-            param.data = param.data.to(param_dtype(name, dtype))
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.action_in_proj.weight.device
 
     @property
     def _vlm(self):
@@ -159,7 +153,7 @@ class SmolVLAModel(nn.Module):
         images [B, N, 3, H, W] in [-1, 1]; image_masks [B, N] bool; tokens, token_masks [B, L].
         """
         cfg = self.config
-        self._check_prefix_inputs(images, image_masks, tokens, token_masks)
+        check_prefix_inputs(cfg, images, image_masks, tokens, token_masks)
         x = torch.cat([self.embed_images(images), self.embed_language(tokens)], dim=1)   # [B, P, W]
         batch, prefix_len, _ = x.shape
         image_pad = image_masks[:, :, None].expand(-1, -1, cfg.tokens_per_image).reshape(batch, -1)
@@ -190,19 +184,6 @@ class SmolVLAModel(nn.Module):
                 out[cross, 0], out[cross, 1] = layer.cross_kv(kv[vlm_index, 0], kv[vlm_index, 1])
         return out
 
-    def _check_prefix_inputs(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                             token_masks: torch.Tensor) -> None:
-        cfg = self.config
-        cameras = len(cfg.all_camera_names)
-        height, width = cfg.image_resolution
-        if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
-            raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
-        if tuple(image_masks.shape) != (images.shape[0], cameras):
-            raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
-        if tokens.shape != token_masks.shape or tokens.shape[1] != cfg.tokenizer_max_length:
-            raise ValueError(f'tokens and token_masks must be [B, {cfg.tokenizer_max_length}], '
-                             f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
-
     # ---- per chunk -----------------------------------------------------------------------------------
     def state_pass(self, context: PrefixContext, state: torch.Tensor, workspace: torch.Tensor) -> None:
         """The state token through every VLM layer, attending to the cached K/V and itself: its K/V land at
@@ -226,13 +207,8 @@ class SmolVLAModel(nn.Module):
             x = layer.finish(x, attn)
 
     def time_embeddings(self, num_steps: int) -> torch.Tensor:
-        """Sin-cos embeddings of t_k (and t = 0 last) -> [N + 1, W] fp32, cached per device."""
-        key = (num_steps, str(self.device))
-        if key not in self._time_embeddings:
-            t = torch.tensor(step_times(num_steps) + [0.0], dtype=torch.float32)
-            emb = sincos_time_embedding(t, self.config.expert.width, self.config.min_period, self.config.max_period)
-            self._time_embeddings[key] = emb.to(torch.float32).to(self.device)
-        return self._time_embeddings[key]
+        """[num_steps + 1, W] fp32: every step's time embedding, then t = 0's (layers.TimeEmbeddingTable)."""
+        return self._time_table(num_steps, self.device)
 
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor,
@@ -241,12 +217,7 @@ class SmolVLAModel(nn.Module):
                     rtc: Optional[RTCSettings] = None) -> SmolChunk:
         """Everything fixed for one chunk; the stored ``context`` is only read (copied into workspaces)."""
         cfg = self.config
-        num_steps = int(num_steps or cfg.num_inference_steps)
-        if num_steps < 1:
-            raise ValueError(f'num_steps must be >= 1, got {num_steps}')
-        expected = (context.batch_size, cfg.chunk_size, cfg.max_action_dim)
-        if tuple(noise.shape) != expected:
-            raise ValueError(f'noise must be {list(expected)}, got {list(noise.shape)}')
+        num_steps = check_chunk_inputs(cfg, context, noise, num_steps)
         if state is None or tuple(state.shape) != (context.batch_size, cfg.max_state_dim):
             raise ValueError(f'SmolVLA needs the normalised state [B, {cfg.max_state_dim}]')
         pad, horizon = context.pad_mask, cfg.chunk_size

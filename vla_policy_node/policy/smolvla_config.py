@@ -157,6 +157,11 @@ class SmolVLAConfig(PolicyLevelConfig):
         return self.backbone.text
 
     @property
+    def num_prefix_layers(self) -> int:
+        """Layers of the stack the prefix runs through (the VLM's first num_vlm_layers)."""
+        return self.num_vlm_layers
+
+    @property
     def vocab_size(self) -> int:
         return self.backbone.vocab_size
 
@@ -293,8 +298,9 @@ def smolvla_preset(name: str, **overrides: Any) -> SmolVLAConfig:
             text=LlamaSize(width=64, depth=6, mlp_dim=128, num_heads=4, num_kv_heads=2, head_dim=16,
                            rms_norm_eps=1e-5),
             vocab_size=512)
-        defaults = dict(backbone=backbone, vlm_model_name='vla_policy_node/tiny-smolvlm', camera_names=('top', 'wrist'),
-                        empty_cameras=1, image_resolution=(32, 32), chunk_size=8, n_action_steps=8,
-                        num_vlm_layers=4)
+        # The cameras of pi0's tiny default and the sample bags; chunk 10 as theirs.
+        defaults = dict(backbone=backbone, vlm_model_name='vla_policy_node/tiny-smolvlm',
+                        camera_names=('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb'), empty_cameras=0,
+                        image_resolution=(32, 32), chunk_size=10, n_action_steps=10, num_vlm_layers=4)
         return SmolVLAConfig(**dict(defaults, **overrides))
     raise ConfigError(f'unknown smolvla preset {name!r}; known: tiny, smolvla')

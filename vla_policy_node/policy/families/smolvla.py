@@ -21,18 +21,16 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ...cache.context import PrefixContext
 from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
-                          normalizer_step, read_config_json, write_folder)
+                          normalizer_step, write_folder)
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..preprocess import resize_with_pad_left_top, to_model_range
-from ..rtc import RTCSettings
 from ..smolvla import SmolVLAModel, param_dtype
 from ..smolvla_config import SmolVLAConfig, smolvla_preset
 from ..smolvlm_tokenizer import SmolVLMTokenizer
 from ..tiny_smolvlm_tokenizer import build_smolvlm_test_tokenizer
-from ..tokenizer import HF_TOKENIZER_FILE, TokenizerError
+from ..tokenizer import HF_TOKENIZER_FILE
 
 VLM_CONFIG_FILE = 'vlm_config.json'
 LM_HEAD_KEY = 'vlm_with_expert.vlm.lm_head.weight'
@@ -43,6 +41,7 @@ class SmolVLAFamily(PolicyFamily):
     state_in_prompt: ClassVar[bool] = False
     model_class: ClassVar[Any] = SmolVLAModel
     tokenizer_class: ClassVar[Any] = SmolVLMTokenizer
+    tokenizer_hint: ClassVar[str] = 'SmolVLM2\'s tokenizer.json (see README "SmolVLA checkpoints")'
     # lerobot saves the backbone's lm_head; inference never reads it.
     weight_keys: ClassVar[WeightKeys] = WeightKeys(param_dtype=param_dtype, known_unused=lambda key: key == LM_HEAD_KEY)
     model: SmolVLAModel
@@ -70,23 +69,6 @@ class SmolVLAFamily(PolicyFamily):
         tokenizer = Path(folder) / 'tokenizer' / HF_TOKENIZER_FILE
         loaded.tokenizer_path = tokenizer if tokenizer.is_file() else None
         return loaded
-
-    @classmethod
-    def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
-             tokenizer_path: Optional[Path] = None, **options: Any) -> 'SmolVLAFamily':
-        options = cls.checked_options(options)
-        loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype)
-        tokenizer_file = tokenizer_path or loaded.tokenizer_path
-        if tokenizer_file is None:
-            raise TokenizerError(f'{folder} has no tokenizer/{HF_TOKENIZER_FILE}; pass tokenizer_path= pointing at '
-                                 'SmolVLM2\'s tokenizer.json (see README "SmolVLA checkpoints")')
-        tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
-        vocab = loaded.config.backbone.vocab_size
-        if tokenizer.vocab_size > vocab:
-            raise TokenizerError(f'tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the '
-                                 f'model embedding ({vocab})')
-        return cls(loaded.config, loaded.model, loaded.state_normalizer, loaded.action_normalizer, tokenizer,
-                   loaded.weights_path, **options)
 
     # ---- saving (random-weight checkpoints in lerobot's layout) -------------------------------------
     @classmethod
@@ -128,17 +110,6 @@ class SmolVLAFamily(PolicyFamily):
 
     def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
         return to_model_range(resize_with_pad_left_top(unit, self.config.image_resolution))
-
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        return self.model.fill_prefix(images, image_masks, tokens, token_masks)
-
-    def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
-                prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
-                execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        chunk = self.model.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                                       inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        return self.model.euler_loop(chunk)
 
     def describe(self) -> Dict[str, Any]:
         cfg = self.config
