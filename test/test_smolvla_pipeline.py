@@ -8,9 +8,12 @@ Tolerance: the images reach the model bit for bit (same resize and padding ops).
 ``ATOL`` = 1e-6 in robot units, not bit for bit: both sides run fp32 on the CPU but are written independently
 (the runtime fuses q/k/v, runs SDPA with a folded GQA mask, splits action_time_mlp_in into a per-step time
 term, runs the state token in its own pass and keeps a masked camera's slot where lerobot drops it), so the
-sums round differently. Measured on these checkpoints (issue16 at cdd373f): at most 2.4e-7 (a few fp32 ulps of
+sums round differently. Measured on these checkpoints (issue16 at a7922cd): at most 2.4e-7 (a few fp32 ulps of
 actions of size ~1); leaving out one of lerobot's steps moves the reference by 2e-3 .. 0.4
 (test_the_reference_sees_what_the_runtime_must_get_right).
+
+The reference itself was run against real lerobot 0.6.2 (bench/compare_lerobot_smolvla.py --parts v, every
+checkpoint variant here): fp32 within 2.4e-7, the bf16 recipe bit for bit, guided RTC within 1.2e-7.
 """
 import numpy as np
 import pytest
