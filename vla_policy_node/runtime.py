@@ -437,6 +437,12 @@ class PolicyRuntime:
         element = torch.tensor([], dtype=self.dtype).element_size()
         return cfg.kv_bytes_per_token(element) * cfg.prefix_len
 
+    def describe(self) -> Dict[str, object]:
+        """What /diagnostics and the replay summary show of this backend (SEAM.md section 2)."""
+        return {'backend': 'local', 'policy_type': self.config.policy_type, 'device': str(self.device),
+                'dtype': str(self.dtype).replace('torch.', ''), 'model_revision': self.model_revision,
+                'prefix_entry_bytes': self.prefix_bytes()}
+
     def close(self) -> None:
         """Drop the cache and the model; return device memory to the allocator's owner."""
         self.cache.clear()

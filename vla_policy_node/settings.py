@@ -1,7 +1,10 @@
-"""Parameter values -> a loaded runtime and what each tick needs: one configure path for node and replay.
+"""Parameter values -> a loaded backend and what each tick needs: one configure path for node and replay.
 
-    values --validate--> load runtime --validate against the checkpoint--> input layout --> tick settings
+    values --validate--> load backend --validate against its config--> input layout --> tick settings
            --> warm-up
+
+The backend (SEAM.md section 2) is a PolicyRuntime (``backend: local``) or a remote client
+(``backend: remote``, vla_policy_node/remote); the tick cannot tell them apart.
 
 The live node reads values from its ROS parameters, the replay tool from the
 same params YAML file; both call ``configure``, so a params file means the
@@ -25,9 +28,10 @@ from .tick import TickSettings
 
 @dataclass
 class Configured:
-    """What configure leaves behind: the runtime, the fixed input layout, and the tick settings at that moment."""
+    """What configure leaves behind: the backend (``runtime``: a PolicyRuntime or a RemoteBackend), the fixed
+    input layout, and the tick settings at that moment."""
 
-    runtime: PolicyRuntime
+    runtime: Any
     layout: InputLayout
     settings: TickSettings
 
@@ -113,6 +117,28 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          pi05_padded_state_prompt=values['pi05_padded_state_prompt'])
 
 
+def load_backend(values: Mapping[str, Any], info: Callable[[str], None],
+                 warn: Optional[Callable[[str], None]] = None) -> Any:
+    """The backend the parameters ask for: a PolicyRuntime, or a client of a remote server."""
+    if values['backend'] == 'remote':
+        from .remote.settings import load_remote      # websockets and msgpack only when asked for
+
+        return load_remote(values, info, warn)
+    if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
+        warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
+             'Set checkpoint_path to a real lerobot pretrained_model folder.')
+    return load_runtime(values)
+
+
+def _loaded(values: Mapping[str, Any], runtime: Any) -> str:
+    if values['backend'] == 'remote':
+        described = runtime.describe()
+        return (f'remote {values["remote_profile"]} server at {described["remote_url"]} '
+                f'({"connected" if described["remote_connected"] else "not connected yet"})')
+    return (f'loaded {runtime.config.policy_type} from {values["checkpoint_path"]} on {runtime.device} '
+            f'({runtime.dtype})')
+
+
 def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] = None,
               warn: Optional[Callable[[str], None]] = None,
               resolve: Callable[[str], str] = absolute_topic) -> Configured:
@@ -120,23 +146,21 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
     warm up.
 
     Raises ParameterError (a value), CheckpointError / ConfigError / TokenizerError
-    (the checkpoint) or ValueError (device, dtype); nothing is left loaded on failure.
+    (the checkpoint) or ValueError (device, dtype); nothing is left loaded (or connected) on failure.
     """
     info = info or (lambda message: None)
     validate(values)
-    if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
-        warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
-             'Set checkpoint_path to a real lerobot pretrained_model folder.')
-    runtime = load_runtime(values)
+    runtime = load_backend(values, info, warn)
     try:
         config = runtime.config
         validate(values, config)
         layout = input_layout(values, config, resolve)
-        info(f'loaded {config.policy_type} from {values["checkpoint_path"]} on {runtime.device} ({runtime.dtype}); '
-             f'cameras {[camera.topic for camera in layout.cameras]}; '
-             f'one cached prefix = {runtime.prefix_bytes() / 2**20:.2f} MiB')
-        if values['warmup']:
-            info(f'warm-up chunk in {runtime.warmup().total_ms:.1f} ms')
+        prefix = runtime.prefix_bytes() if hasattr(runtime, 'prefix_bytes') else 0
+        info(f'{_loaded(values, runtime)}; cameras {[camera.topic for camera in layout.cameras]}'
+             + (f'; one cached prefix = {prefix / 2**20:.2f} MiB' if prefix else ''))
+        warm = runtime.warmup() if values['warmup'] else None
+        if warm is not None:
+            info(f'warm-up chunk in {warm.total_ms:.1f} ms')
         return Configured(runtime, layout, tick_settings(values, layout))
     except BaseException:
         runtime.close()
