@@ -37,6 +37,7 @@ from ..runtime import ActionChunk
 from . import codec
 from .errors import AUTH, BAD_REPLY, DISCONNECTED, ERROR_FRAME, KINDS, TIMEOUT, UNREACHABLE, RemoteError
 from .frames import wire_frame
+from .logs import websockets_logger
 from .profiles import PROFILES, KeyMap, observation_message, reply_actions
 
 LOG = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class RemoteBackend:
             try:
                 ws = await connect(self.settings.url, additional_headers=headers,
                                    open_timeout=self.settings.timeout_sec, max_size=self.settings.max_reply_bytes,
-                                   **WS_OPTIONS)
+                                   logger=websockets_logger('vla_policy_node.remote.websockets'), **WS_OPTIONS)
             except Exception as exc:   # refused, DNS, TLS, HTTP status, timeout: all retried
                 failures += 1
                 self._failed_connect(*_connect_fault(exc))

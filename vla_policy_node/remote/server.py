@@ -38,6 +38,7 @@ from websockets.exceptions import ConnectionClosed
 from ..observation import Observation, ObservationError
 from ..policy.rtc import RTCSettings
 from . import codec
+from .logs import websockets_logger
 
 LOG = logging.getLogger('vla_policy_serve')
 EXTENSIONS = ('seed', 'noise', 'num_steps', 'prev_actions')
@@ -195,7 +196,8 @@ class PolicyServer:
                   stop: Optional[asyncio.Event] = None) -> None:
         stop = stop or asyncio.Event()
         async with serve(self.handler, host, port, compression=None, max_size=self.max_message_bytes,
-                         process_request=self.process_request) as server:
+                         process_request=self.process_request,
+                         logger=websockets_logger('vla_policy_serve.websockets')) as server:
             bound = server.sockets[0].getsockname()[1] if server.sockets else port
             if ready is not None:
                 ready(bound)
