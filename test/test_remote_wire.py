@@ -81,6 +81,13 @@ def test_codec_round_trip_with_byte_markers_as_openpi_packs_them():
     assert not back['a'].flags.writeable     # decoded on the received bytes, as openpi's
 
 
+@pytest.mark.parametrize('value', [np.array(3.5), np.zeros((2, 0)), np.array([True, False]),
+                                   np.arange(6).reshape(2, 3).T, np.array([1, 2], '>i4'), np.float16([1, 2])])
+def test_codec_round_trips_every_layout_exactly(value):
+    back = codec.unpackb(codec.packb(value), 1 << 20)
+    assert back.dtype == value.dtype and back.shape == value.shape and np.array_equal(back, value)
+
+
 @pytest.mark.parametrize('value', [np.array([1 + 2j]), np.array([object()], dtype=object),
                                    np.zeros(2, dtype=[('x', 'f4')]), np.complex64(1j)])
 def test_codec_refuses_object_void_and_complex_dtypes_when_sending(value):

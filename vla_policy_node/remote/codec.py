@@ -29,7 +29,9 @@ def _pack_default(obj: Any) -> Any:
         if obj.dtype.kind not in ALLOWED_KINDS:
             raise CodecError(f'dtype {obj.dtype} is not sent (only bool, int, uint and float)')
         if isinstance(obj, np.ndarray):
-            return {b'__ndarray__': True, b'data': obj.tobytes(), b'dtype': obj.dtype.str, b'shape': list(obj.shape)}
+            # The bytes of tobytes() (C order), without its copy: msgpack copies the buffer once into the frame.
+            data = memoryview(np.ascontiguousarray(obj)).cast('B') if obj.size else b''
+            return {b'__ndarray__': True, b'data': data, b'dtype': obj.dtype.str, b'shape': list(obj.shape)}
         return {b'__npgeneric__': True, b'data': obj.item(), b'dtype': obj.dtype.str}
     raise CodecError(f'cannot send a {type(obj).__name__}')
 
