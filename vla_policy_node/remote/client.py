@@ -73,6 +73,8 @@ class RemoteSettings:
 class _Counters:
     connects: int = 0
     connect_failures: int = 0
+    cache_hits: int = 0                 # as the server reports them (vla_policy_serve's cache_hit)
+    cache_misses: int = 0
     errors: Dict[str, int] = field(default_factory=lambda: {kind.value: 0 for kind in KINDS})
     latency_ms: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_WINDOW))
 
@@ -222,7 +224,12 @@ class RemoteBackend:
         # (the server's whole inference) 'denoise', the reply checks 'hash'.
         timings = {'hash': (done - received) * 1e3, 'preprocess': (sent - start) * 1e3, 'prefix': 0.0,
                    'denoise': (received - sent) * 1e3}
-        hit = bool(reply.get('cache_hit', False)) if isinstance(reply, Mapping) else False
+        reported = reply.get('cache_hit') if isinstance(reply, Mapping) else None
+        hit = bool(reported)
+        if reported is not None:
+            with self._stats_lock:
+                self._counters.cache_hits += int(hit)
+                self._counters.cache_misses += int(not hit)
         return ActionChunk(actions=actions, cache_hit=hit, timings_ms=timings, key=None,
                            num_steps=int(num_steps or self.config.num_inference_steps),
                            camera_slots=tuple(name for name, _ in self.key_map.cameras), normalized=None,
@@ -341,6 +348,10 @@ class RemoteBackend:
             if latency is not None:
                 info['remote_latency_p50_ms'] = float(np.percentile(latency, 50))
                 info['remote_latency_p95_ms'] = float(np.percentile(latency, 95))
+            served = counters.cache_hits + counters.cache_misses
+            if served:
+                info.update(cache_hits=counters.cache_hits, cache_misses=counters.cache_misses,
+                            cache_hit_rate=counters.cache_hits / served)
             info.update({f'remote_errors_{kind[len("remote_"):]}': count for kind, count in counters.errors.items()})
         return info
 
