@@ -349,6 +349,8 @@ def _buffer(settings):
 
 @pytest.mark.parametrize('behaviour, reason', [('error', SkipReason.REMOTE_ERROR),
                                                ('nan', SkipReason.REMOTE_BAD_REPLY),
+                                               ('garbage', SkipReason.REMOTE_BAD_REPLY),
+                                               ('drop', SkipReason.REMOTE_DISCONNECTED),
                                                ('slow', SkipReason.REMOTE_TIMEOUT)])
 def test_a_remote_fault_skips_the_tick_and_the_supervisor_holds(servers, backends, behaviour, reason):
     server = servers(profile='vllm_omni')
