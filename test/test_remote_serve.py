@@ -199,20 +199,17 @@ def test_four_concurrent_clients_every_reply_their_own_and_rss_flat(server, loca
         except Exception as exc:  # reported below
             failures.append((client, repr(exc)))
 
-    warm = max(5.0, SOAK_SEC / 6)
-    deadline[0] = time.monotonic() + warm
-    threads = [threading.Thread(target=run, args=(c,)) for c in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    def all_clients_for(seconds):
+        deadline[0] = time.monotonic() + seconds
+        threads = [threading.Thread(target=run, args=(c,)) for c in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    all_clients_for(max(5.0, SOAK_SEC / 6))        # warm: allocator, cache, connections
     before = rss_bytes(server.proc.pid)
-    deadline[0] = time.monotonic() + SOAK_SEC
-    threads = [threading.Thread(target=run, args=(c,)) for c in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    all_clients_for(SOAK_SEC)
     after = rss_bytes(server.proc.pid)
     assert not failures, failures[:3]
     assert all(count > 0 for count in counts), counts

@@ -33,7 +33,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from ..images import DEFAULT_MAX_PIXELS
-from ..runtime import ActionChunk
+from ..runtime import ActionChunk, checked_instruction, checked_state
 from . import codec
 from .errors import AUTH, BAD_REPLY, DISCONNECTED, ERROR_FRAME, KINDS, TIMEOUT, UNREACHABLE, RemoteError
 from .frames import wire_frame
@@ -237,8 +237,8 @@ class RemoteBackend:
 
     def _message(self, observation: Observation, noise, seed, num_steps, max_instruction_length: int,
                  max_image_pixels: int, prev_actions, inference_delay: int, rtc) -> Tuple[Dict[str, Any], bool]:
-        state = _checked_state(observation.state, self.config.state_dim)
-        prompt = _checked_instruction(observation.instruction, max_instruction_length)
+        state = checked_state(observation.state, self.config.state_dim)
+        prompt = checked_instruction(observation.instruction, max_instruction_length)
         frames = {}
         for camera, _ in self.key_map.cameras:
             frame = observation.images.get(camera)
@@ -365,22 +365,3 @@ def _connect_fault(exc: BaseException) -> Tuple[SkipReason, str]:
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return TIMEOUT, 'connecting timed out (remote_timeout_sec)'
     return UNREACHABLE, f'cannot connect: {type(exc).__name__}: {exc}'
-
-
-def _checked_state(state: Any, state_dim: int) -> np.ndarray:
-    state = np.asarray(state, dtype=np.float64)
-    if state.shape != (state_dim,):
-        raise ObservationError('state', f'expected shape [{state_dim}], got {list(state.shape)}',
-                               SkipReason.JOINT_STATE_MALFORMED)
-    if not np.all(np.isfinite(state)):
-        raise ObservationError('state', 'non-finite value(s)', SkipReason.JOINT_STATE_NONFINITE)
-    return state
-
-
-def _checked_instruction(instruction: Optional[str], max_length: int) -> str:
-    if not instruction or not instruction.strip():
-        raise ObservationError('instruction', 'empty', SkipReason.INSTRUCTION_EMPTY)
-    if len(instruction) > max_length:
-        raise ObservationError('instruction', f'{len(instruction)} characters, more than {max_length} '
-                               '(max_instruction_length)', SkipReason.INSTRUCTION_TOO_LONG)
-    return instruction

@@ -15,20 +15,15 @@ from PIL import Image
 
 from ..images import ImageDecodeError, check_frame, decode_frame, frame_from_msg
 from ..observation import ObservationError, SkipReason
+from ..runtime import check_rgb_array
 
 
 def rgb_frame(name: str, frame: Any, max_pixels: int) -> np.ndarray:
     """A camera input (ROS message, RawImage, CompressedFrame or RGB array) -> uint8 [H, W, 3], checked
     before anything is decoded (ObservationError bad_image otherwise)."""
     if isinstance(frame, np.ndarray):
-        pixels = frame
-        if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8 or 0 in pixels.shape:
-            raise ObservationError(f'images.{name}', f'arrays must be RGB uint8 [H, W, 3], got {pixels.dtype} '
-                                   f'{list(pixels.shape)}', SkipReason.BAD_IMAGE)
-        if pixels.shape[0] * pixels.shape[1] > max_pixels:
-            raise ObservationError(f'images.{name}', f'array is {pixels.shape[1]}x{pixels.shape[0]} pixels, more '
-                                   f'than max_image_pixels {max_pixels}', SkipReason.BAD_IMAGE)
-        return pixels
+        check_rgb_array(name, frame, max_pixels)
+        return frame
     try:
         decoded = frame_from_msg(frame)
         check_frame(decoded, max_pixels)
