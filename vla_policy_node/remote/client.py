@@ -224,6 +224,9 @@ class RemoteBackend:
         # (the server's whole inference) 'denoise', the reply checks 'hash'.
         timings = {'hash': (done - received) * 1e3, 'preprocess': (sent - start) * 1e3, 'prefix': 0.0,
                    'denoise': (received - sent) * 1e3}
+        server_ms = _server_ms(reply)
+        if server_ms is not None:           # beside the stages (not in total_ms): the wire is denoise - server_ms
+            timings['server_ms'] = server_ms
         reported = reply.get('cache_hit') if isinstance(reply, Mapping) else None
         hit = bool(reported)
         if reported is not None:
@@ -365,3 +368,10 @@ def _connect_fault(exc: BaseException) -> Tuple[SkipReason, str]:
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return TIMEOUT, 'connecting timed out (remote_timeout_sec)'
     return UNREACHABLE, f'cannot connect: {type(exc).__name__}: {exc}'
+
+
+def _server_ms(reply: Any) -> Optional[float]:
+    """The server's own inference time (openpi's ``server_timing.infer_ms``), when it says."""
+    timing = reply.get('server_timing') if isinstance(reply, Mapping) else None
+    value = timing.get('infer_ms') if isinstance(timing, Mapping) else None
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
