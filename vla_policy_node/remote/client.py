@@ -54,6 +54,8 @@ def public_url(url: str) -> str:
     """The URL without credentials or query (what logs and /diagnostics show)."""
     parts = urlsplit(url)
     host = parts.hostname or ''
+    if ':' in host:                 # IPv6 literal
+        host = f'[{host}]'
     if parts.port is not None:
         host = f'{host}:{parts.port}'
     return urlunsplit((parts.scheme, host, parts.path, '', ''))
@@ -336,6 +338,8 @@ class RemoteBackend:
             self._maintainer.cancel()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(3.0)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def describe(self) -> Dict[str, Any]:
         """What /diagnostics and the replay summary show (never the API key, never URL credentials)."""
