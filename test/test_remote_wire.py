@@ -2,6 +2,7 @@
 metadata frame and reply form, every fault kind (skipped tick, hold, counter), never a crash."""
 import logging
 import os
+import time
 from types import SimpleNamespace
 
 import msgpack
@@ -289,10 +290,20 @@ def test_a_slow_server_times_out_and_its_late_reply_never_answers_the_next_reque
     assert deadline_ok and np.array_equal(chunk.actions, server.actions.astype(np.float64))
 
 
+def wait_for_connect_failure(backend, timeout=30.0):
+    """The first connection attempt has failed (on a loaded machine it may take longer than the wait in
+    load_remote); before it, a request is refused as not connected yet."""
+    deadline = time.monotonic() + timeout
+    while backend.describe()['remote_connect_failures'] < 1:
+        assert time.monotonic() < deadline, 'no connection attempt failed'
+        time.sleep(0.02)
+
+
 def test_wrong_api_key_and_refused_connection(servers, backends, caplog):
     server = servers(profile='openpi', api_key='right')
     caplog.set_level(logging.DEBUG)
     backend = backends(values_for(server, remote_api_key=SECRET, remote_timeout_sec=0.5))
+    wait_for_connect_failure(backend)
     with pytest.raises(Exception) as caught:
         backend.infer(observation(['base_0_rgb', 'left_wrist_0_rgb']))
     assert caught.value.reason == SkipReason.REMOTE_AUTH
@@ -302,6 +313,7 @@ def test_wrong_api_key_and_refused_connection(servers, backends, caplog):
     nobody = resolve_values(dict(values_for(server), remote_url=f'ws://127.0.0.1:{free_port()}/ws',
                                  remote_timeout_sec=0.3))
     refused = backends(nobody)
+    wait_for_connect_failure(refused)
     with pytest.raises(Exception) as caught:
         refused.infer(observation(['base_0_rgb', 'left_wrist_0_rgb']))
     assert caught.value.reason == SkipReason.REMOTE_UNREACHABLE
@@ -354,7 +366,7 @@ def _buffer(settings):
                                                ('slow', SkipReason.REMOTE_TIMEOUT)])
 def test_a_remote_fault_skips_the_tick_and_the_supervisor_holds(servers, backends, behaviour, reason):
     server = servers(profile='vllm_omni')
-    values = values_for(server, remote_profile='vllm_omni', remote_timeout_sec=0.5)
+    values = values_for(server, remote_profile='vllm_omni', remote_timeout_sec=2.0)
     backend = backends(values)
     settings = tick_settings(values, input_layout(values, backend.config))
     engine = TickEngine(backend)
@@ -362,7 +374,7 @@ def test_a_remote_fault_skips_the_tick_and_the_supervisor_holds(servers, backend
     buf = _buffer(settings)
     good = engine.run(buf, settings, NOW)
     assert good.skip is None and good.review.kind is PlanKind.POLICY
-    server.behaviour, server.delay_sec = behaviour, 2.0
+    server.behaviour, server.delay_sec = behaviour, 6.0
     bad = engine.run(buf, settings, NOW + NS // 10)
     assert bad.skip is not None and bad.skip.reason == reason and bad.plan is None
     assert bad.review.kind is PlanKind.HOLD and len(bad.review.plan.positions) == 1      # on_fault: hold
