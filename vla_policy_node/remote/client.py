@@ -1,64 +1,34 @@
 """RemoteBackend: PolicyRuntime's ``infer`` answered by a server on the openpi WebSocket wire.
 
-    tick thread:  check + frames + encode --send/recv on the client loop, wait <= remote_timeout_sec--> reply
-                  checks (form, shape, dtype, finite) -> (un)normalise -> ActionChunk
-    client loop:  connect (Authorization: Api-Key), read the metadata frame, keep the connection; when it
-                  drops, reconnect with bounded backoff. Nothing here ever runs on the ROS executor.
+    tick thread:  checks + frames + encode --Connection.exchange, <= remote_timeout_sec--> reply checks
+                  (error frame, form, shape, dtype, finite) -> unnormalise (profiles that want it) -> ActionChunk
 
+The connection (connection.py) lives on its own event loop; what the server expects is profiles.py's.
 The wire is openpi's (packages/openpi-client/src/openpi_client/websocket_client_policy.py, openpi 15a9616):
-connect with ``compression=None``, the server's first frame is its metadata, then one observation in and
-one reply out; a *text* frame is an error. Unlike openpi's client, every wait is bounded (connect,
-metadata, reply), the reply size is bounded, and a dropped connection is reopened in the background.
-Every fault is a RemoteError with its own SkipReason: the tick is skipped and the safety supervisor holds.
-
-There is no request id on the wire, so after a timeout the connection is closed: a late reply can never
-answer the next request.
+one observation in, one reply out, a *text* frame is an error. Every fault is a RemoteError with its own
+SkipReason: the tick is skipped and the safety supervisor holds.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
-import concurrent.futures
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Mapping, Optional, Tuple
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
-import websockets
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from ..images import DEFAULT_MAX_PIXELS
+from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from ..runtime import ActionChunk, checked_instruction, checked_state
 from . import codec
-from .errors import AUTH, BAD_REPLY, DISCONNECTED, ERROR_FRAME, KINDS, TIMEOUT, UNREACHABLE, RemoteError
+from .connection import Connection, public_url
+from .errors import BAD_REPLY, ERROR_FRAME, KINDS, RemoteError
 from .frames import wire_frame
-from .logs import websockets_logger
 from .profiles import PROFILES, KeyMap, observation_message, reply_actions
 
-LOG = logging.getLogger(__name__)
-BACKOFF_MIN_SEC = 0.1
-BACKOFF_MAX_SEC = 2.0               # bounded: a server that comes back is in use within ~2 s
+__all__ = ['RemoteBackend', 'RemoteSettings', 'public_url']
 LATENCY_WINDOW = 200
-CLOSE_MESSAGE_TOO_BIG = 1009
-WS_OPTIONS: Dict[str, Any] = {'compression': None}
-if int(websockets.__version__.split('.')[0]) >= 15:
-    WS_OPTIONS['proxy'] = None      # websockets >= 15 reads proxy variables; a robot LAN is never proxied
-
-
-def public_url(url: str) -> str:
-    """The URL without credentials or query (what logs and /diagnostics show)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ''
-    if ':' in host:                 # IPv6 literal
-        host = f'[{host}]'
-    if parts.port is not None:
-        host = f'{host}:{parts.port}'
-    return urlunsplit((parts.scheme, host, parts.path, '', ''))
 
 
 @dataclass(frozen=True)
@@ -73,8 +43,6 @@ class RemoteSettings:
 
 @dataclass
 class _Counters:
-    connects: int = 0
-    connect_failures: int = 0
     cache_hits: int = 0                 # as the server reports them (vla_policy_serve's cache_hit)
     cache_misses: int = 0
     errors: Dict[str, int] = field(default_factory=lambda: {kind.value: 0 for kind in KINDS})
@@ -91,101 +59,23 @@ class RemoteBackend:
         self.key_map = key_map
         self.profile = PROFILES[settings.profile]
         self.normalizers = normalizers                  # (state, action) for profiles that want them
-        self.url = public_url(settings.url)
-        self.metadata: Dict[str, Any] = {}
         self._counters = _Counters()
         self._stats_lock = threading.Lock()
         self._request_lock = threading.Lock()
-        self._ws = None
-        self._connected = threading.Event()
-        self._last_failure: Tuple[SkipReason, str] = (UNREACHABLE, 'not connected yet')
-        self._closing = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name='vla_remote_client', daemon=True)
-        self._thread.start()
-        self._wake: Optional[asyncio.Event] = None
-        self._maintainer = asyncio.run_coroutine_threadsafe(self._maintain(), self._loop)
+        self.connection = Connection(settings.url, settings.api_key, settings.timeout_sec, settings.max_reply_bytes)
+        self.url = self.connection.public_url
 
-    # ---- the connection (client loop thread) -------------------------------------------------------
-    async def _maintain(self) -> None:
-        self._wake = asyncio.Event()
-        failures = 0
-        headers = {'Authorization': f'Api-Key {self.settings.api_key}'} if self.settings.api_key else None
-        while not self._closing:
-            try:
-                ws = await connect(self.settings.url, additional_headers=headers,
-                                   open_timeout=self.settings.timeout_sec, max_size=self.settings.max_reply_bytes,
-                                   logger=websockets_logger('vla_policy_node.remote.websockets'), **WS_OPTIONS)
-            except Exception as exc:   # refused, DNS, TLS, HTTP status, timeout: all retried
-                failures += 1
-                self._failed_connect(*_connect_fault(exc))
-                await self._backoff(failures)
-                continue
-            try:
-                self.metadata = await self._read_metadata(ws)
-            except RemoteError as exc:
-                failures += 1
-                self._failed_connect(exc.reason, str(exc))
-                await ws.close()
-                await self._backoff(failures)
-                continue
-            failures = 0
-            with self._stats_lock:
-                self._counters.connects += 1
-            self._ws = ws
-            self._connected.set()
-            LOG.info('connected to %s (%s)', self.url, self.metadata.get('server', self.settings.profile))
-            await ws.wait_closed()
-            self._connected.clear()
-            self._ws = None
-            self._last_failure = (UNREACHABLE, f'the connection to {self.url} closed; reconnecting')
-
-    async def _read_metadata(self, ws) -> Dict[str, Any]:
-        try:
-            frame = await asyncio.wait_for(ws.recv(), self.settings.timeout_sec)
-        except asyncio.TimeoutError:
-            raise RemoteError(TIMEOUT, f'no metadata frame from {self.url} within {self.settings.timeout_sec} s')
-        except ConnectionClosed as exc:
-            raise RemoteError(DISCONNECTED, f'{self.url} closed before its metadata frame: {exc}')
-        if isinstance(frame, str):
-            raise RemoteError(ERROR_FRAME, f'server error instead of metadata: {frame}')
-        try:
-            metadata = codec.unpackb(frame, self.settings.max_reply_bytes)
-        except codec.CodecError as exc:
-            raise RemoteError(BAD_REPLY, f'metadata frame: {exc}')
-        if not isinstance(metadata, dict):
-            raise RemoteError(BAD_REPLY, f'metadata must be a map, got {type(metadata).__name__}')
-        return metadata
-
-    def _failed_connect(self, kind: SkipReason, message: str) -> None:
-        self._last_failure = (kind, message)
-        with self._stats_lock:
-            self._counters.connect_failures += 1
-
-    async def _backoff(self, failures: int) -> None:
-        delay = min(BACKOFF_MAX_SEC, BACKOFF_MIN_SEC * 2 ** min(failures - 1, 16))
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay)
-        except asyncio.TimeoutError:
-            pass
-        self._wake.clear()
-
-    async def _exchange(self, ws, payload: bytes) -> Any:
-        try:
-            await ws.send(payload)
-            return await ws.recv()
-        except ConnectionClosed as exc:
-            if exc.sent is not None and exc.sent.code == CLOSE_MESSAGE_TOO_BIG:
-                raise RemoteError(BAD_REPLY, f'reply larger than the limit of {self.settings.max_reply_bytes} '
-                                  'bytes (remote_max_reply_bytes)')
-            raise RemoteError(DISCONNECTED, f'the connection to {self.url} dropped mid-request: {exc}')
-
-    def wait_connected(self, timeout_sec: float) -> bool:
-        return self._connected.wait(timeout_sec)
+    @property
+    def metadata(self) -> Dict[str, Any]:
+        """The server's metadata frame (empty until connected; openpi's is often empty)."""
+        return self.connection.metadata
 
     @property
     def connected(self) -> bool:
-        return self._connected.is_set()
+        return self.connection.connected
+
+    def wait_connected(self, timeout_sec: float) -> bool:
+        return self.connection.wait_connected(timeout_sec)
 
     # ---- one request (tick thread) ---------------------------------------------------------------
     def infer(self, observation: Observation, noise: Optional[np.ndarray] = None,
@@ -212,7 +102,7 @@ class RemoteBackend:
                 raise ObservationError('remote', f'cannot encode the observation: {exc}') from exc
             sent = time.perf_counter()
             try:
-                frame = self._round_trip(payload)
+                frame = self.connection.exchange(payload, self.settings.timeout_sec)
                 received = time.perf_counter()
                 actions, reply = self._actions(frame)
             except RemoteError as exc:
@@ -272,26 +162,6 @@ class RemoteBackend:
             continued = len(prev_actions) > 0
         return message, continued
 
-    def _round_trip(self, payload: bytes) -> Any:
-        ws = self._ws
-        if ws is None or not self._connected.is_set():
-            kind, message = self._last_failure
-            self._poke()
-            raise RemoteError(kind, message)
-        future = asyncio.run_coroutine_threadsafe(self._exchange(ws, payload), self._loop)
-        try:
-            return future.result(self.settings.timeout_sec)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            self._drop(ws)
-            raise RemoteError(TIMEOUT, f'no reply from {self.url} within {self.settings.timeout_sec} s '
-                              '(remote_timeout_sec); reconnecting') from None
-        except RemoteError:
-            raise
-        except Exception as exc:  # anything else the socket raises is a dropped connection
-            self._drop(ws)
-            raise RemoteError(DISCONNECTED, f'{type(exc).__name__}: {exc}') from exc
-
     def _actions(self, frame: Any) -> Tuple[np.ndarray, Any]:
         if isinstance(frame, str):      # openpi: the traceback as text, then close 1011
             raise RemoteError(ERROR_FRAME, f'server error: {frame.strip().splitlines()[-1] if frame.strip() else ""}'
@@ -308,38 +178,13 @@ class RemoteBackend:
                 raise RemoteError(BAD_REPLY, 'actions are non-finite after unnormalising')
         return actions, reply
 
-    def _drop(self, ws) -> None:
-        """Close a connection whose state is unknown (the client loop then reconnects)."""
-        self._connected.clear()
-        self._last_failure = (UNREACHABLE, f'reconnecting to {self.url}')
-        asyncio.run_coroutine_threadsafe(ws.close(), self._loop)
-
-    def _poke(self) -> None:
-        if self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
-
     # ---- the rest of the seam --------------------------------------------------------------------
     def warmup(self) -> Optional[ActionChunk]:
         """Nothing to warm on this side; the server warms its own model."""
         return None
 
     def close(self) -> None:
-        self._closing = True
-        self._poke()
-        ws = self._ws
-        if ws is not None:
-            try:
-                asyncio.run_coroutine_threadsafe(ws.close(), self._loop).result(2.0)
-            except Exception:  # noqa: S110 - closing a connection that is already gone
-                pass
-        try:
-            self._maintainer.result(3.0)
-        except Exception:  # noqa: S110 - cancelled or failed at shutdown: nothing left to do
-            self._maintainer.cancel()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(3.0)
-        if not self._thread.is_alive():
-            self._loop.close()
+        self.connection.close()
 
     def describe(self) -> Dict[str, Any]:
         """What /diagnostics and the replay summary show (never the API key, never URL credentials)."""
@@ -350,8 +195,8 @@ class RemoteBackend:
                 'backend': 'remote', 'remote_url': self.url, 'remote_profile': self.settings.profile,
                 'remote_server': str(self.metadata.get('server', 'unknown'))[:80],
                 'remote_connected': self.connected, 'policy_type': self.config.policy_type,
-                'remote_reconnects': max(0, counters.connects - 1),
-                'remote_connect_failures': counters.connect_failures}
+                'remote_reconnects': max(0, self.connection.connects - 1),
+                'remote_connect_failures': self.connection.connect_failures}
             if latency is not None:
                 info['remote_latency_p50_ms'] = float(np.percentile(latency, 50))
                 info['remote_latency_p95_ms'] = float(np.percentile(latency, 95))
@@ -361,17 +206,6 @@ class RemoteBackend:
                             cache_hit_rate=counters.cache_hits / served)
             info.update({f'remote_errors_{kind[len("remote_"):]}': count for kind, count in counters.errors.items()})
         return info
-
-
-def _connect_fault(exc: BaseException) -> Tuple[SkipReason, str]:
-    if isinstance(exc, InvalidStatus):
-        status = exc.response.status_code
-        if status in (401, 403):
-            return AUTH, f'the server refused the API key (HTTP {status})'
-        return UNREACHABLE, f'the server answered the handshake with HTTP {status}'
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return TIMEOUT, 'connecting timed out (remote_timeout_sec)'
-    return UNREACHABLE, f'cannot connect: {type(exc).__name__}: {exc}'
 
 
 def _server_ms(reply: Any) -> Optional[float]:
