@@ -226,3 +226,47 @@ def test_observation_errors_travel_as_text(server):
         reply = ask(ws, {'images': frames(['base_0_rgb']), 'state': np.full(6, np.nan), 'prompt': 'x'})
     assert isinstance(reply, str) and 'joint_state_nonfinite' in reply
     assert issubclass(ObservationError, ValueError)
+
+
+def _remote(server, **overrides):
+    from vla_policy_node.params import resolve_values
+    from vla_policy_node.remote.settings import load_remote
+
+    return load_remote(resolve_values(dict({
+        'backend': 'remote', 'remote_url': server.url, 'remote_api_key': KEY, 'remote_key_layout': 'cameras',
+        'remote_image_size': 0, 'remote_timeout_sec': 30.0, 'joint_names': [f'joint_{i}' for i in range(1, 7)],
+        'instruction': 'x'}, **overrides)))
+
+
+def test_the_client_backend_sends_the_rtc_leftover_and_gets_local_rtc(server, local):
+    cfg = local.config
+    observation = Observation(frames(cfg.camera_names, 4), np.full(cfg.state_dim, 0.05), 'fold')
+    previous = local.infer(observation, seed=1).actions
+    rtc = RTCSettings(execution_horizon=6)
+    expected = local.infer(observation, seed=2, num_steps=5, prev_actions=previous[4:], inference_delay=3, rtc=rtc)
+    backend = _remote(server)
+    try:
+        assert backend.config.chunk_size == cfg.chunk_size and backend.config.policy_type == cfg.policy_type
+        chunk = backend.infer(observation, seed=2, num_steps=5, prev_actions=previous[4:], inference_delay=3,
+                              rtc=rtc)
+        independent = backend.infer(observation, seed=2, num_steps=5)
+    finally:
+        backend.close()
+    assert chunk.continued and np.array_equal(chunk.actions, expected.actions)
+    assert not independent.continued and not np.array_equal(independent.actions, expected.actions)
+
+
+def test_the_client_backend_with_a_wrong_key_is_refused_as_remote_auth(server, local):
+    from vla_policy_node.observation import SkipReason
+    from vla_policy_node.remote.errors import RemoteError
+
+    backend = _remote(server, remote_api_key='wrong', remote_timeout_sec=2.0)
+    try:
+        deadline = time.monotonic() + 30
+        while backend.describe()['remote_connect_failures'] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(RemoteError) as caught:
+            backend.infer(Observation(frames(local.config.camera_names), np.zeros(6), 'x'))
+    finally:
+        backend.close()
+    assert caught.value.reason == SkipReason.REMOTE_AUTH
