@@ -387,3 +387,20 @@ def test_a_remote_fault_skips_the_tick_and_the_supervisor_holds(servers, backend
             break
         backend.wait_connected(5)
     assert again.review.kind is PlanKind.POLICY            # the arm is driven again, no restart
+
+
+@pytest.mark.parametrize('bad, reason', [
+    (dict(images={'nope': frame(0)}), SkipReason.BAD_IMAGE),
+    (dict(images={'base_0_rgb': np.zeros((4, 4), np.uint8)}), SkipReason.BAD_IMAGE),
+    (dict(state=np.array([0.0, np.nan, 0, 0, 0, 0])), SkipReason.JOINT_STATE_NONFINITE),
+    (dict(state=np.zeros(3)), SkipReason.JOINT_STATE_MALFORMED),
+    (dict(instruction=' '), SkipReason.INSTRUCTION_EMPTY),
+])
+def test_bad_input_is_refused_before_anything_is_sent(servers, backends, bad, reason):
+    server = servers(profile='openpi')
+    backend = backends(values_for(server))
+    fields = dict(images={'base_0_rgb': frame(0)}, state=np.zeros(6), instruction='pick')
+    fields.update(bad)
+    with pytest.raises(Exception) as caught:
+        backend.infer(Observation(fields['images'], fields['state'], fields['instruction']))
+    assert caught.value.reason == reason and not server.requests

@@ -134,6 +134,10 @@ class RemoteBackend:
                  max_image_pixels: int, prev_actions, inference_delay: int, rtc) -> Tuple[Dict[str, Any], bool]:
         state = checked_state(observation.state, self.config.state_dim)
         prompt = checked_instruction(observation.instruction, max_instruction_length)
+        unknown = sorted(set(observation.images) - {camera for camera, _ in self.key_map.cameras})
+        if unknown:
+            raise ObservationError('images', f'unknown camera(s) {unknown}; the key map has '
+                                   f'{[camera for camera, _ in self.key_map.cameras]}', SkipReason.BAD_IMAGE)
         frames = {}
         for camera, _ in self.key_map.cameras:
             frame = observation.images.get(camera)
