@@ -323,6 +323,8 @@ def test_url_credentials_never_shown(servers, backends):
     server = servers(profile='openpi')
     backend = backends(values_for(server, remote_url=f'ws://user:{SECRET}@127.0.0.1:{server.port}/p?token={SECRET}'))
     assert backend.describe()['remote_url'] == f'ws://127.0.0.1:{server.port}/p'
+    assert backend.summary().startswith(f'remote openpi server at ws://127.0.0.1:{server.port}/p ')
+    assert SECRET not in backend.summary() and 'user' not in backend.summary()
 
 
 def test_garbage_replies_keep_memory_bounded(servers, backends):

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from .backends import BACKENDS
 from .handover import CHUNKING_MODES, DELAY_MODES
 from .images import DEFAULT_MAX_PIXELS, MAX_PIXELS_LIMIT
 from .observation import MAX_INSTRUCTION_CHARS
@@ -40,7 +41,6 @@ INSTRUCTION_DURABILITIES = ('volatile', 'transient_local')
 TYPE_NAMES = ('bool', 'int', 'double', 'string', 'string_array', 'double_array')
 # Set by ROS itself, accepted in params files and never part of the table.
 ROS_PARAMETERS = ('use_sim_time', 'start_type_description_service')
-BACKENDS = ('local', 'remote')
 
 
 class ParameterError(ValueError):
@@ -229,7 +229,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec('backend', 'local', 'string',
               'local: load checkpoint_path and run it here; remote: ask a server on the openpi WebSocket wire '
               '(openpi serve_policy.py, sglang, vLLM-Omni, vla_policy_serve) for each chunk; checkpoint_path is '
-              'then not loaded.', read_only=True, choices=BACKENDS),
+              'then not loaded.', read_only=True, choices=tuple(BACKENDS)),
     ParamSpec('remote_url', '', 'string',
               'backend remote: ws://host:port/path or wss://... (openpi: ws://gpu-box:8000, sglang: '
               '.../openpi/policy, vLLM-Omni: .../v1/realtime/robot/openpi).', read_only=True,

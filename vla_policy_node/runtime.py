@@ -450,11 +450,18 @@ class PolicyRuntime:
         element = torch.tensor([], dtype=self.dtype).element_size()
         return cfg.kv_bytes_per_token(element) * cfg.prefix_len
 
+    checkpoint_path = ''    # what it was loaded from, as checkpoint_path names it (settings.load_local sets it)
+
     def describe(self) -> Dict[str, object]:
         """What /diagnostics and the replay summary show of this backend (SEAM.md section 2)."""
-        return {'backend': 'local', 'policy_type': self.config.policy_type, 'device': str(self.device),
-                'dtype': str(self.dtype).replace('torch.', ''), 'model_revision': self.model_revision,
-                'prefix_entry_bytes': self.prefix_bytes()}
+        return {'backend': 'local', 'checkpoint_path': self.checkpoint_path, 'policy_type': self.config.policy_type,
+                'device': str(self.device), 'dtype': str(self.dtype).replace('torch.', ''),
+                'model_revision': self.model_revision, 'prefix_entry_bytes': self.prefix_bytes()}
+
+    def summary(self) -> str:
+        """The configure log line's backend part (SEAM.md section 2)."""
+        return (f'loaded {self.config.policy_type} from {self.checkpoint_path or "a checkpoint"} on {self.device} '
+                f'({self.dtype}); one cached prefix = {self.prefix_bytes() / 2**20:.2f} MiB')
 
     def close(self) -> None:
         """Drop the cache and the model; return device memory to the allocator's owner."""

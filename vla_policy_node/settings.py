@@ -3,8 +3,9 @@
     values --validate--> load backend --validate against its config--> input layout --> tick settings
            --> warm-up
 
-The backend (SEAM.md section 2) is a PolicyRuntime (``backend: local``) or a remote client
-(``backend: remote``, vla_policy_node/remote); the tick cannot tell them apart.
+The backend (SEAM.md section 2) is what the registry in backends.py builds for the ``backend`` parameter: a
+PolicyRuntime (``local``, ``load_local`` here) or a remote client (``remote``, vla_policy_node/remote); neither
+this module nor the tick tells them apart.
 
 The live node reads values from its ROS parameters, the replay tool from the
 same params YAML file; both call ``configure``, so a params file means the
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from .backends import load_backend
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
 from .params import BUILTIN_TINY, effective, validate
 from .policy.config import PolicyConfig
@@ -117,26 +119,15 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          pi05_padded_state_prompt=values['pi05_padded_state_prompt'])
 
 
-def load_backend(values: Mapping[str, Any], info: Callable[[str], None],
-                 warn: Optional[Callable[[str], None]] = None) -> Any:
-    """The backend the parameters ask for: a PolicyRuntime, or a client of a remote server."""
-    if values['backend'] == 'remote':
-        from .remote.settings import load_remote      # websockets and msgpack only when asked for
-
-        return load_remote(values, info, warn)
+def load_local(values: Mapping[str, Any], info: Callable[[str], None] = lambda message: None,
+               warn: Optional[Callable[[str], None]] = None) -> PolicyRuntime:
+    """``backend: local`` (the backend registry, backends.py): the checkpoint loaded here."""
     if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
         warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
              'Set checkpoint_path to a real lerobot pretrained_model folder.')
-    return load_runtime(values)
-
-
-def _loaded(values: Mapping[str, Any], runtime: Any) -> str:
-    if values['backend'] == 'remote':
-        described = runtime.describe()
-        return (f'remote {values["remote_profile"]} server at {described["remote_url"]} '
-                f'({"connected" if described["remote_connected"] else "not connected yet"})')
-    return (f'loaded {runtime.config.policy_type} from {values["checkpoint_path"]} on {runtime.device} '
-            f'({runtime.dtype})')
+    runtime = load_runtime(values)
+    runtime.checkpoint_path = str(values['checkpoint_path'])
+    return runtime
 
 
 def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] = None,
@@ -155,9 +146,7 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
         config = runtime.config
         validate(values, config)
         layout = input_layout(values, config, resolve)
-        prefix = runtime.prefix_bytes() if hasattr(runtime, 'prefix_bytes') else 0
-        info(f'{_loaded(values, runtime)}; cameras {[camera.topic for camera in layout.cameras]}'
-             + (f'; one cached prefix = {prefix / 2**20:.2f} MiB' if prefix else ''))
+        info(f'{runtime.summary()}; cameras {[camera.topic for camera in layout.cameras]}')
         warm = runtime.warmup() if values['warmup'] else None
         if warm is not None:
             info(f'warm-up chunk in {warm.total_ms:.1f} ms')

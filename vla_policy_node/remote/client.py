@@ -50,7 +50,8 @@ class _Counters:
 
 
 class RemoteBackend:
-    """The backend seam (SEAM.md section 2): ``infer``, ``config``, ``warmup``, ``close``, ``describe``."""
+    """The backend seam (SEAM.md section 2): ``infer``, ``config``, ``warmup``, ``close``, ``describe``,
+    ``summary``."""
 
     def __init__(self, settings: RemoteSettings, config: Any, key_map: KeyMap,
                  normalizers: Optional[Tuple[Any, Any]] = None) -> None:
@@ -210,6 +211,11 @@ class RemoteBackend:
                             cache_hit_rate=counters.cache_hits / served)
             info.update({f'remote_errors_{kind[len("remote_"):]}': count for kind, count in counters.errors.items()})
         return info
+
+    def summary(self) -> str:
+        """The configure log line's backend part: the server, never the key nor URL credentials."""
+        return (f'remote {self.settings.profile} server at {self.url} '
+                f'({"connected" if self.connected else "not connected yet"})')
 
 
 def _server_ms(reply: Any) -> Optional[float]:
