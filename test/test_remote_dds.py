@@ -72,6 +72,7 @@ def test_remote_node_publishes_local_trajectories_holds_when_the_server_dies_and
         diag = rig.wait_for_diagnostics(lambda d: d.get('remote_connected') == 'True', timeout=10)
         assert diag['backend'] == 'remote' and diag['remote_url'] == f'ws://127.0.0.1:{port}/policy'
         assert 'pw' not in str(diag) and float(diag['remote_latency_p50_ms']) > 0
+        assert 'checkpoint_path' not in diag          # nothing is loaded from it here
         assert diag['policy_type'] == 'pi0' and diag['remote_server'] == 'vla_policy_serve'
 
         # The server dies: the in-flight or next request fails, the tick is skipped, the arm is held.

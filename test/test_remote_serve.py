@@ -169,6 +169,8 @@ def test_replay_with_backend_remote_equals_local(server, checkpoint, tmp_path):
         base, backend='remote', remote_url=server.url, remote_api_key=KEY, remote_key_layout='cameras',
         remote_image_size=0, remote_timeout_sec=30.0))
     assert remote_run.summary['backend']['backend'] == 'remote'
+    assert remote_run.summary['checkpoint'] is None and remote_run.summary['backend']['remote_url'] == server.url
+    assert local_run.summary['checkpoint'] == str(checkpoint) == local_run.summary['backend']['checkpoint_path']
     assert remote_run.summary['published'] == local_run.summary['published'] > 0
     local_plans = [r.plan_positions for r in local_run.records if r.plan_positions is not None]
     remote_plans = [r.plan_positions for r in remote_run.records if r.plan_positions is not None]

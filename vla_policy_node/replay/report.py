@@ -110,7 +110,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
     skipped = dict(sorted(stats.skipped.items()))
     return {
         'bag': str(bag),
-        'checkpoint': str(values['checkpoint_path']),
+        'checkpoint': described.get('checkpoint_path'),       # None where nothing is loaded here (remote)
         'model_revision': described.get('model_revision'),
         'policy_type': described.get('policy_type'),
         'device': described.get('device'),

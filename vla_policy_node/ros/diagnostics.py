@@ -42,9 +42,9 @@ class PolicyReport:
     waiting_for_clock: bool = False    # use_sim_time and no /clock yet: ROS time is 0, no tick runs
 
     def with_runtime(self, runtime: Optional[PolicyRuntime]) -> 'PolicyReport':
-        """Add what drives the arm, as the backend describes itself (local: policy, device, dtype, weights
-        revision; remote: URL without credentials, connected, latency, reconnects, errors by kind), and
-        the cache figures of a local one."""
+        """Add what drives the arm, as the backend describes itself (local: checkpoint_path, policy, device,
+        dtype, weights revision; remote: URL without credentials, connected, latency, reconnects, errors by
+        kind), and the cache figures of a local one. Unconfigured, only the backend's name is known."""
         if runtime is not None:
             described = runtime.describe()
             self.hardware_id = str(described.get('device') or described.get('remote_url') or 'none')
@@ -81,7 +81,7 @@ class DiagnosticsPublisher:
         instruction = buffer.instruction()
         report = PolicyReport(name=self.name, lifecycle=lifecycle, configure_error=configure_error,
                               new_skips=new_skips, stats=stats, camera_ages=buffer.camera_ages(now_ns),
-                              info={'dry_run': values['dry_run'], 'checkpoint_path': values['checkpoint_path'],
+                              info={'dry_run': values['dry_run'], 'backend': values['backend'],
                                     'instruction': shortened(values['instruction'] if instruction is None
                                                              else instruction)},
                               waiting_for_clock=now_ns == 0).with_runtime(runtime)
