@@ -230,14 +230,14 @@ def test_observation_errors_travel_as_text(server):
     assert issubclass(ObservationError, ValueError)
 
 
-def _remote(server, **overrides):
+def _remote(server, warn=None, **overrides):
     from vla_policy_node.params import resolve_values
     from vla_policy_node.remote.settings import load_remote
 
     return load_remote(resolve_values(dict({
         'backend': 'remote', 'remote_url': server.url, 'remote_api_key': KEY, 'remote_key_layout': 'cameras',
         'remote_image_size': 0, 'remote_timeout_sec': 30.0, 'joint_names': [f'joint_{i}' for i in range(1, 7)],
-        'instruction': 'x'}, **overrides)))
+        'instruction': 'x'}, **overrides)), warn=warn)
 
 
 def test_the_client_backend_sends_the_rtc_leftover_and_gets_local_rtc(server, local):
@@ -272,3 +272,36 @@ def test_the_client_backend_with_a_wrong_key_is_refused_as_remote_auth(server, l
     finally:
         backend.close()
     assert caught.value.reason == SkipReason.REMOTE_AUTH
+
+
+def test_the_key_from_remote_api_key_file_authenticates_and_is_never_shown(server, local, tmp_path, caplog):
+    from vla_policy_node.params import ParameterError
+
+    caplog.set_level('DEBUG')
+    key_file = tmp_path / 'key'
+    key_file.write_text(KEY + '\n')
+    key_file.chmod(0o600)
+    messages = []
+    backend = _remote(server, messages.append, remote_api_key='', remote_api_key_file=str(key_file))
+    try:
+        chunk = backend.infer(Observation(frames(local.config.camera_names), np.zeros(6), 'x'), seed=0)
+        described = backend.describe()
+    finally:
+        backend.close()
+    assert chunk.actions.shape[1] == 6 and described['remote_errors_auth'] == 0
+    assert KEY not in repr(described) and KEY not in caplog.text and KEY not in backend.summary()
+    for content, problem in ((b'', 'must hold the key alone'), (b'a\nb\n', 'must hold the key alone'),
+                             (b'\xff' + KEY.encode(), 'must hold the key alone')):
+        key_file.write_bytes(content)
+        with pytest.raises(ParameterError, match=problem) as caught:
+            _remote(server, remote_api_key='', remote_api_key_file=str(key_file))
+        assert KEY not in str(caught.value)
+    with pytest.raises(ParameterError, match='cannot read it'):
+        _remote(server, remote_api_key='', remote_api_key_file=str(tmp_path / 'absent'))
+    with pytest.raises(ParameterError, match='not both'):
+        _remote(server, remote_api_key_file=str(key_file))
+    assert messages == []
+    key_file.write_text(KEY)
+    key_file.chmod(0o644)
+    _remote(server, messages.append, remote_api_key='', remote_api_key_file=str(key_file)).close()
+    assert len(messages) == 1 and 'other users' in messages[0] and KEY not in messages[0]

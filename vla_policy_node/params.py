@@ -239,9 +239,12 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'needs remote_stats_path; {"error"} frames) or vllm_omni (bare-array reply; {"type": "error"}).',
               read_only=True, choices=tuple(PROFILES)),
     ParamSpec('remote_api_key', '', 'string',
-              'Sent as "Authorization: Api-Key <key>" when set; never logged nor in /diagnostics (ros2 param get '
-              'still shows it). openpi\'s own server ignores it: put wss:// behind a proxy that checks it.',
-              read_only=True),
+              'Sent as "Authorization: Api-Key <key>" when set; never logged nor in /diagnostics, but ros2 param '
+              'get/dump shows it to anyone on the ROS graph: prefer remote_api_key_file. openpi\'s own server '
+              'ignores it: put wss:// behind a proxy that checks it.', read_only=True),
+    ParamSpec('remote_api_key_file', '', 'string',
+              'A file holding the API key (one line; read at configure, never logged): the key stays off the ROS '
+              'graph. Set this or remote_api_key, not both.', read_only=True),
     ParamSpec('remote_timeout_sec', 1.0, 'double',
               'Longest wait for a reply (and for a connection); past it the tick is skipped (remote_timeout) and '
               'the connection reopened.', read_only=True, min_value=0.01, max_value=60.0),

@@ -19,6 +19,7 @@ from .client import RemoteBackend, RemoteSettings, public_url
 from .profiles import PROFILES, KeyMapError, default_cameras, resolve_key_map
 
 MAX_REMOTE_HORIZON = 1000           # the most actions a reply may carry when nothing says the chunk size
+MAX_KEY_FILE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,33 @@ def remote_config(values: Mapping[str, Any], metadata: Mapping[str, Any],
     return config
 
 
+def api_key(values: Mapping[str, Any], warn: Callable[[str], None]) -> str:
+    """The API key: remote_api_key_file's one line (the recommended way: the key stays off the ROS graph), or
+    remote_api_key. Errors name the file, never what it holds."""
+    path, inline = values['remote_api_key_file'], values['remote_api_key']
+    if not path:
+        return inline
+    if inline:
+        raise ParameterError('set remote_api_key_file or remote_api_key, not both')
+    file = Path(path).expanduser()
+    try:
+        with open(file, 'rb') as stream:
+            data = stream.read(MAX_KEY_FILE_BYTES + 1)
+        if file.stat().st_mode & 0o077:
+            warn(f'remote_api_key_file {path} can be read by other users (chmod 600 it)')
+    except OSError as exc:
+        raise ParameterError(f'remote_api_key_file {path}: cannot read it ({exc.strerror or type(exc).__name__})') \
+            from None
+    try:
+        key = data.decode('ascii').strip()
+    except UnicodeDecodeError:
+        key = None
+    if len(data) > MAX_KEY_FILE_BYTES or not key or not all(' ' <= char <= '~' for char in key):
+        raise ParameterError(f'remote_api_key_file {path} must hold the key alone: one line of printable ASCII '
+                             f'of at most {MAX_KEY_FILE_BYTES} bytes')
+    return key
+
+
 def load_remote(values: Mapping[str, Any], info: Callable[[str], None] = lambda message: None,
                 warn: Optional[Callable[[str], None]] = None) -> RemoteBackend:
     """Connect (waiting at most remote_timeout_sec; a server that is not up yet is retried in the
@@ -113,12 +141,12 @@ def load_remote(values: Mapping[str, Any], info: Callable[[str], None] = lambda 
         raise ParameterError(f'remote_profile {values["remote_profile"]} sends a normalised state and gets '
                              'normalised actions: set remote_stats_path to the checkpoint folder (its config.json '
                              'and processor files)')
-    settings = RemoteSettings(url=url, profile=values['remote_profile'], api_key=values['remote_api_key'],
+    settings = RemoteSettings(url=url, profile=values['remote_profile'], api_key=api_key(values, warn or info),
                               timeout_sec=values['remote_timeout_sec'], image_size=values['remote_image_size'],
                               max_reply_bytes=values['remote_max_reply_bytes'])
     loopback = urlsplit(url).hostname in ('127.0.0.1', 'localhost', '::1')
     if settings.api_key and urlsplit(url).scheme == 'ws' and not loopback:
-        (warn or info)('remote_api_key travels in clear text over ws://; use wss:// (a TLS proxy) off this machine')
+        (warn or info)('the API key travels in clear text over ws://; use wss:// (a TLS proxy) off this machine')
     placeholder = RemoteConfig(camera_names=(), state_dim=0, action_dim=0)
     backend = RemoteBackend(settings, placeholder, key_map=None, normalizers=normalizers)
     try:
