@@ -45,6 +45,11 @@ setup(
         'rosbags>=0.10',
         'matplotlib>=3.5',
         'tqdm>=4.60',
+        # Remote inference (vla_policy_node/remote): websockets.asyncio (client and server) first appears in 13.0,
+        # so the apt python3-websockets of Humble (10.1) and Jazzy (10.4) is too old and pip brings it; msgpack
+        # 1.0.3 is what Humble's and Jazzy's apt ship (python3-msgpack, a rosdep key in package.xml).
+        'websockets>=13.0',
+        'msgpack>=1.0.3',
     ],
     extras_require={
         'ros': ROS_WHEELS,
@@ -62,6 +67,7 @@ setup(
             'vla_policy_play = vla_policy_node.replay.play:main',
             'vla_policy_make_bag = vla_policy_node.replay.make_bag:main',
             'vla_policy_make_checkpoint = vla_policy_node.policy.tiny_default:main',
+            'vla_policy_serve = vla_policy_node.remote.server:main',
         ],
     },
 )

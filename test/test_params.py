@@ -83,3 +83,14 @@ def test_every_range_and_choice_in_the_table_admits_its_own_default():
     for spec in PARAMETERS:
         if spec.default is not None:
             assert not problems({**values(), spec.name: spec.default}), spec.name
+
+
+def test_backend_choices_are_the_backend_registry():
+    from vla_policy_node.backends import BACKENDS, backend_loader
+
+    assert SPECS['backend'].choices == tuple(BACKENDS) and 'local' in BACKENDS
+    with pytest.raises(ParameterError, match='backend'):
+        validate(values(backend='grpc'))
+    with pytest.raises(KeyError, match='known: local, remote'):
+        backend_loader('grpc')
+    assert all(callable(backend_loader(name)) for name in BACKENDS)

@@ -9,6 +9,9 @@
 3. replays the bag with /clock, shows ticks, latency and cache hit rate from
    /diagnostics, and records the trajectories that arrive into a bag;
 4. runs the offline evaluation on the same bag (plots, summary, output bag).
+
+With ``--remote`` the checkpoint is served by ``vla_policy_serve`` in its own process and the node and
+the offline evaluation both use ``backend: remote`` against it (same tick path, same results for a seed).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
@@ -51,11 +54,34 @@ def prepare(output: Path, policy: str = 'pi0') -> Dict[str, Path]:
     return paths
 
 
-def node_command(checkpoint: Path) -> List[str]:
+def node_command(checkpoint: Path, remote: Optional[Dict[str, object]] = None) -> List[str]:
     script = shutil.which('vla_policy_node')
     launcher = [script] if script else [sys.executable, '-m', 'vla_policy_node.ros.main']
+    extra = [arg for name, value in (remote or {}).items() for arg in ('-p', f'{name}:={value}')]
     return launcher + ['--ros-args', '--params-file', str(DEMO_PARAMS), '-p', f'checkpoint_path:={checkpoint}',
-                       '-p', 'use_sim_time:=true', '-p', 'stamp_mode:=observation']
+                       '-p', 'use_sim_time:=true', '-p', 'stamp_mode:=observation'] + extra
+
+
+def start_server(checkpoint: Path, output: Path) -> Tuple[subprocess.Popen, Dict[str, object]]:
+    """vla_policy_serve on a free loopback port, and the node parameters that point at it."""
+    import re
+
+    log_path = output / 'serve.log'
+    script = shutil.which('vla_policy_serve')
+    command = ([script] if script else [sys.executable, '-m', 'vla_policy_node.remote.server'])
+    with open(log_path, 'w') as log:
+        process = subprocess.Popen(command + ['--checkpoint', str(checkpoint), '--port', '0'], stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.monotonic() + ACTIVE_TIMEOUT_SEC
+    while time.monotonic() < deadline and process.poll() is None:
+        found = re.findall(r'on ws://127\.0\.0\.1:(\d+) ', log_path.read_text(errors='replace'))
+        if found:
+            _say(f'[demo] vla_policy_serve is serving the checkpoint on ws://127.0.0.1:{found[-1]}/')
+            return process, {'backend': 'remote', 'remote_url': f'ws://127.0.0.1:{found[-1]}/',
+                             'remote_key_layout': 'cameras', 'remote_image_size': 0, 'remote_timeout_sec': 5.0}
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f'vla_policy_serve did not start; see {log_path}')
 
 
 class Monitor:
@@ -135,7 +161,8 @@ class Monitor:
         self.node.destroy_node()
 
 
-def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, object]:
+def run_live(paths: Dict[str, Path], output: Path, rate: float,
+             remote: Optional[Dict[str, object]] = None) -> Dict[str, object]:
     import rclpy
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
@@ -153,7 +180,7 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, obj
     # rclpy reads the environment and before the node inherits it.
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
     os.environ.setdefault('FASTDDS_BUILTIN_TRANSPORTS', 'LARGE_DATA')
-    command = node_command(paths['checkpoint'])
+    command = node_command(paths['checkpoint'], remote)
     _say('[demo] starting the node: ' + ' '.join(command))
     with open(log_path, 'w') as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -209,18 +236,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--rate', type=float, default=1.0, help='bag replay speed factor')
     parser.add_argument('--policy', default='pi0', choices=('pi0', 'pi05', 'smolvla'),
                         help='the tiny random-weight policy family to run (default pi0)')
+    parser.add_argument('--remote', action='store_true',
+                        help='serve the checkpoint with vla_policy_serve and run node and replay with backend remote')
     args = parser.parse_args(argv)
     output = args.output.resolve()
     output.mkdir(parents=True, exist_ok=True)
     paths = prepare(output, args.policy)
-    live = run_live(paths, output, args.rate)
+    server, remote = start_server(paths['checkpoint'], output) if args.remote else (None, None)
+    try:
+        return _run(paths, output, args, remote)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote: Optional[Dict[str, object]]) -> int:
+    live = run_live(paths, output, args.rate, remote)
     diag = live['diagnostics']
     _say('[demo] offline evaluation of the same bag (same params, same tick path)')
     from .replay.offline import replay
 
     report = output / 'report'
     shutil.rmtree(report, ignore_errors=True)
-    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']))
+    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']), overrides=remote)
     summary = result.summary
     total = summary['latency_ms'].get('total', {})
     _say('\n=== demo summary ===')

@@ -56,6 +56,13 @@ class SkipReason(TextEnum):
     BAD_INPUT = 'bad_input'
     INVALID_ACTIONS = 'invalid_actions'
     CHUNK_ELAPSED = 'chunk_elapsed'
+    # The remote backend (vla_policy_node/remote): one reason per kind of fault, never a trajectory.
+    REMOTE_TIMEOUT = 'remote_timeout'               # no reply within remote_timeout_sec
+    REMOTE_UNREACHABLE = 'remote_unreachable'       # connection refused / not connected (reconnecting)
+    REMOTE_DISCONNECTED = 'remote_disconnected'     # the connection dropped mid-request
+    REMOTE_ERROR = 'remote_error'                   # the server answered with an error frame (or is busy)
+    REMOTE_AUTH = 'remote_auth'                     # the server refused the API key (HTTP 401/403)
+    REMOTE_BAD_REPLY = 'remote_bad_reply'           # undecodable, oversized, wrong shape/dtype, non-finite
     INTERNAL_ERROR = 'internal_error'
 
 

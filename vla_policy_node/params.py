@@ -18,11 +18,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from .backends import BACKENDS
 from .handover import CHUNKING_MODES, DELAY_MODES
 from .images import DEFAULT_MAX_PIXELS, MAX_PIXELS_LIMIT
 from .observation import MAX_INSTRUCTION_CHARS
 from .policy.relative_actions import relative_action_mask
 from .policy.rtc import RTC_MODES, SCHEDULES
+from .remote.profiles import KEY_LAYOUTS, PROFILES
 from .safety import LIMIT_MODES, ON_FAULT_MODES
 from .trajectory import STAMP_MODES
 
@@ -66,6 +68,7 @@ class ParamSpec:
     model_max: Optional[str] = None         # value <= this attribute of the checkpoint config
     model_members: Optional[str] = None     # every element is in this attribute of the checkpoint config
     model_requires: Optional[Tuple[str, str]] = None   # (value, attribute): that value needs attribute > 0
+    required_when: Optional[Tuple[str, str]] = None    # (parameter, value): must be set when that one has it
     # ---- documentation ---------------------------------------------------------------------------------
     shipped: Any = None                     # the value config/vla_policy.yaml ships instead of the default
 
@@ -222,6 +225,53 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               min_value=-1, max_value=2 ** 31 - 1),
     ParamSpec('diagnostics_period_sec', 1.0, 'double', 'Period of /diagnostics messages.',
               min_value=0.1, max_value=60.0),
+    # --- remote inference (need a restart; README "Remote inference") ---
+    ParamSpec('backend', 'local', 'string',
+              'local: load checkpoint_path and run it here; remote: ask a server on the openpi WebSocket wire '
+              '(openpi serve_policy.py, sglang, vLLM-Omni, vla_policy_serve) for each chunk; checkpoint_path is '
+              'then not loaded.', read_only=True, choices=tuple(BACKENDS)),
+    ParamSpec('remote_url', '', 'string',
+              'backend remote: ws://host:port/path or wss://... (openpi: ws://gpu-box:8000, sglang: '
+              '.../openpi/policy, vLLM-Omni: .../v1/realtime/robot/openpi).', read_only=True,
+              required_when=('backend', 'remote')),
+    ParamSpec('remote_profile', 'openpi', 'string',
+              'The server: openpi (reply {"actions"}, text error frames), sglang (normalised state and actions: '
+              'needs remote_stats_path; {"error"} frames) or vllm_omni (bare-array reply; {"type": "error"}).',
+              read_only=True, choices=tuple(PROFILES)),
+    ParamSpec('remote_api_key', '', 'string',
+              'Sent as "Authorization: Api-Key <key>" when set; never logged nor in /diagnostics, but ros2 param '
+              'get/dump shows it to anyone on the ROS graph: prefer remote_api_key_file. openpi\'s own server '
+              'ignores it: put wss:// behind a proxy that checks it.', read_only=True),
+    ParamSpec('remote_api_key_file', '', 'string',
+              'A file holding the API key (one line; read at configure, never logged): the key stays off the ROS '
+              'graph. Set this or remote_api_key, not both.', read_only=True),
+    ParamSpec('remote_timeout_sec', 1.0, 'double',
+              'Longest wait for a reply (and for a connection); past it the tick is skipped (remote_timeout) and '
+              'the connection reopened.', read_only=True, min_value=0.01, max_value=60.0),
+    ParamSpec('remote_key_layout', 'auto', 'string',
+              'Observation keys on the wire: droid (observation/exterior_image_1_left, observation/wrist_image_left, '
+              'joint_position + gripper_position), libero, aloha (images.cam_* CHW, state), cameras '
+              '(images.<camera>: vla_policy_serve), sglang (observation.images.<camera>); auto: the profile\'s '
+              '(openpi and vllm_omni: droid, sglang: sglang).', read_only=True, choices=KEY_LAYOUTS),
+    ParamSpec('remote_image_keys', None, 'string_array',
+              'Per camera (camera_names order): its wire key, dots nesting maps; unset: the layout\'s.',
+              read_only=True, unique=True, same_length_as='camera_names'),
+    ParamSpec('remote_state_keys', None, 'string_array',
+              'The state on the wire, split in state order: key:N takes N values, one key without :N the rest '
+              '(DROID: [observation/joint_position, observation/gripper_position:1]); unset: the layout\'s.',
+              read_only=True, unique=True),
+    ParamSpec('remote_prompt_key', '', 'string', 'Wire key of the instruction; empty: the layout\'s (prompt).',
+              read_only=True),
+    ParamSpec('remote_image_size', 224, 'int',
+              'Resize-with-pad every frame to this square size as uint8 on the robot, as openpi clients do; 0: send '
+              'the raw frames (the server resizes).', read_only=True, min_value=0, max_value=4096),
+    ParamSpec('remote_stats_path', '', 'string',
+              'A checkpoint folder (config.json and processor files; no weights) whose statistics normalise the '
+              'state and unnormalise the actions here, for profiles whose server expects that (sglang).',
+              read_only=True),
+    ParamSpec('remote_max_reply_bytes', 8 << 20, 'int',
+              'Larger replies (and metadata frames) are refused (remote_bad_reply).', read_only=True,
+              min_value=1024, max_value=1 << 30),
 )
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
@@ -290,6 +340,8 @@ def _type_problem(spec: ParamSpec, value: Any) -> Optional[str]:
 
 def _relation_problem(spec: ParamSpec, values: Mapping[str, Any], config: Any) -> Optional[str]:
     value = values.get(spec.name)
+    if spec.required_when and values.get(spec.required_when[0]) == spec.required_when[1] and not value:
+        return f'{spec.name} must be set with {spec.required_when[0]}: {spec.required_when[1]} ({spec.description})'
     if spec.same_length_as and not is_unset(value):
         other = effective(values, spec.same_length_as, config)
         if not is_unset(other) and len(other) != len(value):

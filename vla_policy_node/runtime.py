@@ -98,6 +98,39 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         raise ValueError(f'unknown dtype {dtype!r}; use auto, float32 or bfloat16') from None
 
 
+# ---- content checks shared by every backend (the remote client runs them before anything is sent) ------
+
+def check_rgb_array(name: str, frame: np.ndarray, max_pixels: int) -> None:
+    """An RGB uint8 [H, W, 3] array of at most ``max_pixels`` pixels, or ObservationError (bad_image)."""
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8 or 0 in frame.shape:
+        raise ObservationError(f'images.{name}', f'arrays must be RGB uint8 [H, W, 3], got '
+                               f'{frame.dtype} {list(frame.shape)}', SkipReason.BAD_IMAGE)
+    if frame.shape[0] * frame.shape[1] > max_pixels:
+        raise ObservationError(f'images.{name}', f'array is {frame.shape[1]}x{frame.shape[0]} pixels, '
+                               f'more than max_image_pixels {max_pixels}', SkipReason.BAD_IMAGE)
+
+
+def checked_state(state: np.ndarray, state_dim: int) -> np.ndarray:
+    """The raw state as float64 [state_dim], or ObservationError."""
+    state = np.asarray(state, dtype=np.float64)
+    if state.shape != (state_dim,):
+        raise ObservationError('state', f'expected shape [{state_dim}], got {list(state.shape)}',
+                               SkipReason.JOINT_STATE_MALFORMED)
+    if not np.all(np.isfinite(state)):
+        bad = [int(i) for i in np.flatnonzero(~np.isfinite(state))]
+        raise ObservationError('state', f'non-finite value(s) at index {bad}', SkipReason.JOINT_STATE_NONFINITE)
+    return state
+
+
+def checked_instruction(instruction: Optional[str], max_length: int) -> str:
+    if not instruction or not instruction.strip():
+        raise ObservationError('instruction', 'empty', SkipReason.INSTRUCTION_EMPTY)
+    if len(instruction) > max_length:
+        raise ObservationError('instruction', f'{len(instruction)} characters, more than {max_length} '
+                               '(max_instruction_length)', SkipReason.INSTRUCTION_TOO_LONG)
+    return instruction
+
+
 class _StageTimer:
     """Wall-clock per stage; synchronises CUDA at stage boundaries so kernels are charged to their stage."""
 
@@ -184,12 +217,7 @@ class PolicyRuntime:
                 absent.append((name, None))
                 continue
             if isinstance(frame, np.ndarray):
-                if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8 or 0 in frame.shape:
-                    raise ObservationError(f'images.{name}', f'arrays must be RGB uint8 [H, W, 3], got '
-                                           f'{frame.dtype} {list(frame.shape)}', SkipReason.BAD_IMAGE)
-                if frame.shape[0] * frame.shape[1] > max_pixels:
-                    raise ObservationError(f'images.{name}', f'array is {frame.shape[1]}x{frame.shape[0]} pixels, '
-                                           f'more than max_image_pixels {max_pixels}', SkipReason.BAD_IMAGE)
+                check_rgb_array(name, frame, max_pixels)
             else:
                 try:
                     frame = frame_from_msg(frame)
@@ -203,24 +231,9 @@ class PolicyRuntime:
 
     def _checked_state(self, state: np.ndarray) -> np.ndarray:
         """The raw state as float64 [state_dim], or ObservationError."""
-        cfg = self.config
-        state = np.asarray(state, dtype=np.float64)
-        if state.shape != (cfg.state_dim,):
-            raise ObservationError('state', f'expected shape [{cfg.state_dim}], got {list(state.shape)}',
-                                   SkipReason.JOINT_STATE_MALFORMED)
-        if not np.all(np.isfinite(state)):
-            bad = [int(i) for i in np.flatnonzero(~np.isfinite(state))]
-            raise ObservationError('state', f'non-finite value(s) at index {bad}', SkipReason.JOINT_STATE_NONFINITE)
-        return state
+        return checked_state(state, self.config.state_dim)
 
-    @staticmethod
-    def _instruction(instruction: Optional[str], max_length: int) -> str:
-        if not instruction or not instruction.strip():
-            raise ObservationError('instruction', 'empty', SkipReason.INSTRUCTION_EMPTY)
-        if len(instruction) > max_length:
-            raise ObservationError('instruction', f'{len(instruction)} characters, more than {max_length} '
-                                   '(max_instruction_length)', SkipReason.INSTRUCTION_TOO_LONG)
-        return instruction
+    _instruction = staticmethod(checked_instruction)
 
     def _tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self.policy.prompt_tokens(instruction, normalized_state)
@@ -421,10 +434,19 @@ class PolicyRuntime:
         element = torch.tensor([], dtype=self.dtype).element_size()
         return self.config.kv_entry_bytes(element)
 
+    checkpoint_path = ''    # what it was loaded from, as checkpoint_path names it (settings.load_local sets it)
+
     def describe(self) -> Dict[str, object]:
-        """What /diagnostics and the replay summary show about the policy and its cache entries."""
-        return dict(self.policy.describe(), device=str(self.device), dtype=str(self.dtype).replace('torch.', ''),
-                    model_revision=self.model_revision)
+        """What /diagnostics and the replay summary show of this backend: the family's own description (policy
+        type, cameras, prefix length, cache entry bytes ...) plus where and how it runs."""
+        return dict(self.policy.describe(), backend='local', checkpoint_path=self.checkpoint_path,
+                    device=str(self.device), dtype=str(self.dtype).replace('torch.', ''),
+                    model_revision=self.model_revision, prefix_entry_bytes=self.prefix_bytes())
+
+    def summary(self) -> str:
+        """The configure log line's backend part (SEAM.md section 2)."""
+        return (f'loaded {self.config.policy_type} from {self.checkpoint_path or "a checkpoint"} on {self.device} '
+                f'({self.dtype}); one cached prefix = {self.prefix_bytes() / 2**20:.2f} MiB')
 
     def close(self) -> None:
         """Drop the cache and the model; return device memory to the allocator's owner."""

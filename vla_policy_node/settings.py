@@ -1,7 +1,11 @@
-"""Parameter values -> a loaded runtime and what each tick needs: one configure path for node and replay.
+"""Parameter values -> a loaded backend and what each tick needs: one configure path for node and replay.
 
-    values --validate--> load runtime --validate against the checkpoint--> input layout --> tick settings
+    values --validate--> load backend --validate against its config--> input layout --> tick settings
            --> warm-up
+
+The backend (SEAM.md section 2) is what the registry in backends.py builds for the ``backend`` parameter: a
+PolicyRuntime (``local``, ``load_local`` here) or a remote client (``remote``, vla_policy_node/remote); neither
+this module nor the tick tells them apart.
 
 The live node reads values from its ROS parameters, the replay tool from the
 same params YAML file; both call ``configure``, so a params file means the
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from .backends import load_backend
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
 from .params import BUILTIN_TINY, effective, validate
 from .policy.config import PolicyConfig
@@ -25,9 +30,10 @@ from .tick import TickSettings
 
 @dataclass
 class Configured:
-    """What configure leaves behind: the runtime, the fixed input layout, and the tick settings at that moment."""
+    """What configure leaves behind: the backend (``runtime``: a PolicyRuntime or a RemoteBackend), the fixed
+    input layout, and the tick settings at that moment."""
 
-    runtime: PolicyRuntime
+    runtime: Any
     layout: InputLayout
     settings: TickSettings
 
@@ -113,6 +119,17 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          pi05_padded_state_prompt=values['pi05_padded_state_prompt'])
 
 
+def load_local(values: Mapping[str, Any], info: Callable[[str], None] = lambda message: None,
+               warn: Optional[Callable[[str], None]] = None) -> PolicyRuntime:
+    """``backend: local`` (the backend registry, backends.py): the checkpoint loaded here."""
+    if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
+        warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
+             'Set checkpoint_path to a real lerobot pretrained_model folder.')
+    runtime = load_runtime(values)
+    runtime.checkpoint_path = str(values['checkpoint_path'])
+    return runtime
+
+
 def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] = None,
               warn: Optional[Callable[[str], None]] = None,
               resolve: Callable[[str], str] = absolute_topic) -> Configured:
@@ -120,23 +137,19 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
     warm up.
 
     Raises ParameterError (a value), CheckpointError / ConfigError / TokenizerError
-    (the checkpoint) or ValueError (device, dtype); nothing is left loaded on failure.
+    (the checkpoint) or ValueError (device, dtype); nothing is left loaded (or connected) on failure.
     """
     info = info or (lambda message: None)
     validate(values)
-    if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
-        warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
-             'Set checkpoint_path to a real lerobot pretrained_model folder.')
-    runtime = load_runtime(values)
+    runtime = load_backend(values, info, warn)
     try:
         config = runtime.config
         validate(values, config)
         layout = input_layout(values, config, resolve)
-        info(f'loaded {config.policy_type} from {values["checkpoint_path"]} on {runtime.device} ({runtime.dtype}); '
-             f'cameras {[camera.topic for camera in layout.cameras]}; '
-             f'one cached prefix = {runtime.prefix_bytes() / 2**20:.2f} MiB')
-        if values['warmup']:
-            info(f'warm-up chunk in {runtime.warmup().total_ms:.1f} ms')
+        info(f'{runtime.summary()}; cameras {[camera.topic for camera in layout.cameras]}')
+        warm = runtime.warmup() if values['warmup'] else None
+        if warm is not None:
+            info(f'warm-up chunk in {warm.total_ms:.1f} ms')
         return Configured(runtime, layout, tick_settings(values, layout))
     except BaseException:
         runtime.close()

@@ -105,15 +105,17 @@ def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> D
 def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
               values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0,
               supervisor: Optional[SafetySupervisor] = None) -> Dict[str, Any]:
-    cache = runtime.cache.stats()
+    cache = runtime.cache.stats() if getattr(runtime, 'cache', None) is not None else None   # local backends
+    described = runtime.describe()
     skipped = dict(sorted(stats.skipped.items()))
     return {
         'bag': str(bag),
-        'checkpoint': str(values['checkpoint_path']),
-        'model_revision': runtime.model_revision,
-        'policy_type': runtime.config.policy_type,
-        'device': str(runtime.device),
-        'dtype': str(runtime.dtype).replace('torch.', ''),
+        'checkpoint': described.get('checkpoint_path'),       # None where nothing is loaded here (remote)
+        'model_revision': described.get('model_revision'),
+        'policy_type': described.get('policy_type'),
+        'device': described.get('device'),
+        'dtype': described.get('dtype'),
+        'backend': described,
         'seed': values['seed'],
         'control_rate_hz': values['control_rate_hz'],
         'ticks': stats.ticks,
@@ -125,9 +127,10 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'clipped': stats.clipped,
         'cache': {'hits': stats.cache_hits, 'misses': stats.cache_misses,
                   'hit_rate': stats.cache_hits / stats.chunks if stats.chunks else 0.0,
-                  'entries': cache.entries, 'bytes': cache.bytes, 'evictions': cache.evictions,
-                  'entry_bytes': runtime.describe()['cache_entry_bytes'],
-                  'rejected_oversize': cache.rejected_oversize},
+                  'entries': cache.entries if cache else 0, 'bytes': cache.bytes if cache else 0,
+                  'evictions': cache.evictions if cache else 0,
+                  'entry_bytes': runtime.describe().get('cache_entry_bytes'),
+                  'rejected_oversize': cache.rejected_oversize if cache else 0},
         'latency_ms': stats.latency_summary(),
         'simulated_latency_ms': latency_ms,
         'chunking': values['chunking'],

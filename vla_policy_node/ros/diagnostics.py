@@ -42,14 +42,15 @@ class PolicyReport:
     waiting_for_clock: bool = False    # use_sim_time and no /clock yet: ROS time is 0, no tick runs
 
     def with_runtime(self, runtime: Optional[PolicyRuntime]) -> 'PolicyReport':
-        """Add what drives the arm (policy, device, dtype, weights revision) and the cache figures."""
+        """Add what drives the arm, as the backend describes itself (local: checkpoint_path, policy, device,
+        dtype, weights revision; remote: URL without credentials, connected, latency, reconnects, errors by
+        kind), and the cache figures of a local one. Unconfigured, only the backend's name is known."""
         if runtime is not None:
-            self.hardware_id = str(runtime.device)
-            self.info.update(policy_type=runtime.config.policy_type, device=str(runtime.device),
-                             dtype=str(runtime.dtype).replace('torch.', ''), model_revision=runtime.model_revision,
-                             prefix_entry_bytes=runtime.prefix_bytes(),
-                             cache_entry_bytes=runtime.describe()['cache_entry_bytes'])
-            self.cache = runtime.cache.stats()
+            described = runtime.describe()
+            self.hardware_id = str(described.get('device') or described.get('remote_url') or 'none')
+            self.info.update(described)
+            cache = getattr(runtime, 'cache', None)
+            self.cache = cache.stats() if cache is not None else None
         return self
 
 
@@ -80,7 +81,7 @@ class DiagnosticsPublisher:
         instruction = buffer.instruction()
         report = PolicyReport(name=self.name, lifecycle=lifecycle, configure_error=configure_error,
                               new_skips=new_skips, stats=stats, camera_ages=buffer.camera_ages(now_ns),
-                              info={'dry_run': values['dry_run'], 'checkpoint_path': values['checkpoint_path'],
+                              info={'dry_run': values['dry_run'], 'backend': values['backend'],
                                     'instruction': shortened(values['instruction'] if instruction is None
                                                              else instruction)},
                               waiting_for_clock=now_ns == 0).with_runtime(runtime)

@@ -184,7 +184,7 @@ class VlaPolicyNode(LifecycleNode):
 
     def _apply_live_settings(self) -> None:
         """Live parameters that are more than a value read at the tick (executor thread only)."""
-        if self.runtime is not None:
+        if getattr(self.runtime, 'cache', None) is not None:          # a local backend
             self.runtime.cache.resize(self.params.value('cache_max_bytes'), self.params.value('cache_max_entries'))
         for timer, period_sec in ((self._timer, 1.0 / float(self.params.value('control_rate_hz'))),
                                   (self._diagnostics.timer, float(self.params.value('diagnostics_period_sec')))):

@@ -1,0 +1,270 @@
+"""vla_policy_serve: our PolicyRuntime (with its prefix cache) behind the openpi WebSocket wire.
+
+    vla_policy_serve --checkpoint DIR [--port 8000] [--host 127.0.0.1] [--api-key-file F] [--max-message-mib N]
+
+The wire is openpi's server's (src/openpi/serving/websocket_policy_server.py, openpi 15a9616): every path
+accepts the WebSocket, ``GET /healthz`` answers ``OK``, the first frame is the metadata (msgpack), then one
+observation in, one ``{"actions": ...}`` out, and an error is a text frame. Unlike openpi's: the API key
+is checked when one is configured (HTTP 401 otherwise), a bad request leaves the connection open, frames
+are bounded, inference runs on one worker thread (the event loop keeps serving the other connections)
+and requests wait in a bounded queue, refused with a clear message when it is full. Batching across
+robots is sglang's and vLLM-Omni's job; this server serves one request at a time, through one cache.
+
+Requests: frames per camera name under ``images`` (HWC or CHW uint8; float in [0, 1] is scaled as openpi
+does), or openpi's DROID / LIBERO keys (droid_policy.py, libero_policy.py); any size (the runtime resizes
+with padding); ``state`` (or DROID's joint + gripper positions, LIBERO's ``observation/state``); ``prompt``.
+Extensions (listed in the metadata): ``seed``, ``noise`` [H, max_action_dim], ``num_steps``, and for
+real-time chunking ``prev_actions`` [T, action_dim] (robot units) with ``inference_delay`` and ``rtc``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import hmac
+import http
+import logging
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from ..observation import Observation, ObservationError
+from ..policy.rtc import RTCSettings
+from . import codec
+from .logs import websockets_logger
+
+LOG = logging.getLogger('vla_policy_serve')
+EXTENSIONS = ('seed', 'noise', 'num_steps', 'prev_actions')
+DEFAULT_MAX_QUEUE = 8
+# openpi's DROID and LIBERO keys (droid_policy.py DroidInputs, libero_policy.py LiberoInputs) -> pi0 cameras.
+OPENPI_CAMERA_KEYS = {'observation/exterior_image_1_left': 'base_0_rgb', 'observation/wrist_image_left':
+                      'left_wrist_0_rgb', 'observation/image': 'base_0_rgb',
+                      'observation/wrist_image': 'left_wrist_0_rgb'}
+
+
+class RequestError(ValueError):
+    """A request this server cannot read; sent back as a text frame."""
+
+
+def _frame(name: str, value: Any) -> np.ndarray:
+    """One camera as the runtime takes it: uint8 [H, W, 3] (openpi's _parse_image: floats are scaled by 255
+    and a leading 3 is CHW)."""
+    if not isinstance(value, np.ndarray) or value.ndim != 3:
+        raise RequestError(f'images.{name}: expected an image array [H, W, 3] or [3, H, W]')
+    if np.issubdtype(value.dtype, np.floating):
+        value = (255 * value).astype(np.uint8)
+    if value.shape[0] == 3 and value.shape[2] != 3:
+        value = value.transpose(1, 2, 0)
+    return np.ascontiguousarray(value)
+
+
+def _state(message: Mapping[str, Any]) -> np.ndarray:
+    if 'observation/joint_position' in message:
+        gripper = np.asarray(message.get('observation/gripper_position', np.zeros(0)), dtype=np.float64)
+        return np.concatenate([np.asarray(message['observation/joint_position'], dtype=np.float64),
+                               gripper.reshape(-1)])
+    state = message.get('state', message.get('observation/state'))
+    if state is None and isinstance(message.get('observation'), Mapping):
+        state = message['observation'].get('state')
+    if not isinstance(state, (np.ndarray, list)):
+        raise RequestError('no state: send "state" (or openpi\'s DROID/LIBERO state keys)')
+    return np.asarray(state, dtype=np.float64)
+
+
+def parse_request(message: Any) -> Tuple[Observation, Dict[str, Any]]:
+    """A decoded request -> the observation and the runtime's infer options."""
+    if not isinstance(message, Mapping):
+        raise RequestError(f'a request is a map, got {type(message).__name__}')
+    images = message.get('images')
+    if images is None and isinstance(message.get('observation'), Mapping):
+        images = message['observation'].get('images')
+    frames: Dict[str, np.ndarray] = {}
+    if isinstance(images, Mapping):
+        frames.update({str(name): _frame(str(name), value) for name, value in images.items()})
+    for key, camera in OPENPI_CAMERA_KEYS.items():
+        if key in message:
+            frames[camera] = _frame(camera, message[key])
+    if not frames:
+        raise RequestError('no camera frames: send "images" {camera: frame} or openpi\'s DROID/LIBERO keys')
+    prompt = message.get('prompt', '')
+    prompt = prompt.decode('utf-8', 'replace') if isinstance(prompt, bytes) else prompt
+    if not isinstance(prompt, str):
+        raise RequestError('prompt must be text')
+    options: Dict[str, Any] = {}
+    for name in ('seed', 'num_steps', 'inference_delay'):
+        if message.get(name) is not None:
+            value = message[name]
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise RequestError(f'{name} must be an integer')
+            options[name] = int(value)
+    if options.get('num_steps') is not None and not 1 <= options['num_steps'] <= 100:
+        raise RequestError('num_steps must be in [1, 100]')
+    for name in ('noise', 'prev_actions'):
+        if message.get(name) is not None:
+            if not isinstance(message[name], np.ndarray):
+                raise RequestError(f'{name} must be an array')
+            options[name] = message[name]
+    rtc = message.get('rtc')
+    if isinstance(rtc, Mapping):
+        try:
+            options['rtc'] = RTCSettings(mode=str(rtc.get('mode', 'guided')),
+                                         schedule=str(rtc.get('schedule', 'linear')),
+                                         max_guidance_weight=float(rtc.get('max_guidance_weight', 10.0)),
+                                         execution_horizon=int(rtc.get('execution_horizon', 10)))
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f'rtc: {exc}') from exc
+    return Observation(images=frames, state=_state(message), instruction=prompt), options
+
+
+class PolicyServer:
+    """One runtime, many connections; requests go through one worker thread, a bounded queue in front."""
+
+    def __init__(self, runtime: Any, api_key: str = '', max_message_bytes: int = 64 << 20,
+                 max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+        self.runtime = runtime
+        self._api_key = api_key
+        self.max_message_bytes = max_message_bytes
+        self.max_queue = max_queue
+        self._pending = 0
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='vla_serve_infer')
+        self.served = 0
+        self.refused_busy = 0
+
+    def metadata(self) -> Dict[str, Any]:
+        cfg = self.runtime.config
+        return {'server': 'vla_policy_serve', 'extensions': list(EXTENSIONS),
+                'policy': {'policy_type': cfg.policy_type, 'camera_names': list(cfg.camera_names),
+                           'all_camera_names': list(cfg.all_camera_names), 'chunk_size': int(cfg.chunk_size),
+                           'action_dim': int(cfg.action_dim), 'state_dim': int(cfg.state_dim),
+                           'max_action_dim': int(cfg.max_action_dim),
+                           'rtc_training_max_delay': int(cfg.rtc_training_max_delay),
+                           'model_revision': self.runtime.model_revision}}
+
+    def process_request(self, connection: ServerConnection, request: Any) -> Any:
+        """``/healthz`` (no key needed, as load balancers probe it), then the API key when configured."""
+        if request.path == '/healthz':
+            return connection.respond(http.HTTPStatus.OK, 'OK\n')
+        if self._api_key:
+            given = request.headers.get('Authorization', '')
+            if not hmac.compare_digest(given.encode(), f'Api-Key {self._api_key}'.encode()):
+                return connection.respond(http.HTTPStatus.UNAUTHORIZED, 'missing or wrong API key\n')
+        return None
+
+    async def handler(self, websocket: ServerConnection) -> None:
+        await websocket.send(codec.packb(self.metadata()))
+        try:
+            async for frame in websocket:
+                await websocket.send(await self.answer(frame))
+        except ConnectionClosed:
+            pass
+
+    async def answer(self, frame: Union[str, bytes]) -> Union[str, bytes]:
+        """The reply to one frame: the actions, or a text frame saying what is wrong."""
+        if isinstance(frame, str):
+            return 'error: requests are binary msgpack frames, got a text frame'
+        try:
+            observation, options = parse_request(codec.unpackb(frame, self.max_message_bytes))
+        except (codec.CodecError, RequestError) as exc:
+            return f'error: bad request: {exc}'
+        if self._pending >= self.max_queue:
+            self.refused_busy += 1
+            return f'error: busy: {self._pending} requests already queued (max_queue {self.max_queue}); try again'
+        self._pending += 1
+        start = time.perf_counter()
+        try:
+            chunk = await asyncio.get_running_loop().run_in_executor(
+                self._worker, lambda: self.runtime.infer(observation, **options))
+        except ObservationError as exc:
+            return f'error: [{exc.reason}] {exc}'
+        except Exception:   # a bug must not take the server down; the client gets the traceback, as openpi's does
+            LOG.exception('inference failed')
+            return traceback.format_exc()
+        finally:
+            self._pending -= 1
+        self.served += 1
+        return codec.packb({'actions': np.asarray(chunk.actions), 'cache_hit': bool(chunk.cache_hit),
+                            'server_timing': {'infer_ms': (time.perf_counter() - start) * 1e3}})
+
+    async def run(self, host: str, port: int, ready: Optional[Any] = None,
+                  stop: Optional[asyncio.Event] = None) -> None:
+        stop = stop or asyncio.Event()
+        async with serve(self.handler, host, port, compression=None, max_size=self.max_message_bytes,
+                         process_request=self.process_request,
+                         logger=websockets_logger('vla_policy_serve.websockets')) as server:
+            bound = server.sockets[0].getsockname()[1] if server.sockets else port
+            if ready is not None:
+                ready(bound)
+            await stop.wait()
+        self._worker.shutdown(wait=True)
+
+
+def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog='vla_policy_serve', description=__doc__.split('\n\n')[0])
+    parser.add_argument('--checkpoint', required=True, help='lerobot pretrained_model folder (or builtin:tiny)')
+    parser.add_argument('--port', type=int, default=8000, help='0: any free port (printed)')
+    parser.add_argument('--host', default='127.0.0.1', help='0.0.0.0 to serve other machines (put TLS in front)')
+    parser.add_argument('--api-key-file', type=Path, help='file holding the API key clients must send')
+    parser.add_argument('--max-message-mib', type=float, default=64.0, help='largest request frame')
+    parser.add_argument('--max-queue', type=int, default=DEFAULT_MAX_QUEUE, help='requests waiting at most')
+    parser.add_argument('--device', default='auto')
+    parser.add_argument('--dtype', default='auto')
+    parser.add_argument('--tokenizer', default=None, help='tokenizer.model / tokenizer.json path')
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format='[vla_policy_serve] %(message)s')
+    from ..params import BUILTIN_TINY
+    from ..policy.tiny_default import builtin_tiny_checkpoint
+    from ..runtime import PolicyRuntime
+
+    api_key = ''
+    if args.api_key_file is not None:
+        try:
+            api_key = args.api_key_file.read_text().strip()
+        except OSError as exc:
+            print(f'vla_policy_serve: error: cannot read --api-key-file: {exc}', file=sys.stderr)
+            return 2
+        if not api_key:
+            print(f'vla_policy_serve: error: {args.api_key_file} is empty', file=sys.stderr)
+            return 2
+    if not 0 < args.max_message_mib <= 1024 or args.max_queue < 1:
+        print('vla_policy_serve: error: --max-message-mib must be in (0, 1024] and --max-queue >= 1', file=sys.stderr)
+        return 2
+    path = builtin_tiny_checkpoint() if args.checkpoint == BUILTIN_TINY else Path(args.checkpoint)
+    try:
+        runtime = PolicyRuntime.from_pretrained(path, device=args.device, dtype=args.dtype,
+                                                tokenizer_path=args.tokenizer)
+    except (ValueError, OSError) as exc:   # CheckpointError, ConfigError, TokenizerError are ValueErrors
+        print(f'vla_policy_serve: error: {exc}', file=sys.stderr)
+        return 2
+    runtime.warmup()
+    server = PolicyServer(runtime, api_key, int(args.max_message_mib * 2**20), args.max_queue)
+
+    async def serve_until_signal() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+
+        def ready(port: int) -> None:
+            print(f'vla_policy_serve: {runtime.config.policy_type} on ws://{args.host}:{port} '
+                  f'(API key {"checked" if api_key else "not required"}; /healthz)', flush=True)
+
+        await server.run(args.host, args.port, ready, stop)
+
+    asyncio.run(serve_until_signal())
+    runtime.close()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
