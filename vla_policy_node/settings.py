@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
-from .params import BUILTIN_TINY, effective, validate
+from .outputs import Output, build_outputs
+from .params import BUILTIN_TINY, effective, effective_output_topic, validate
 from .policy.config import PolicyConfig
 from .policy.rtc import RTCSettings
 from .policy.tiny_default import builtin_tiny_checkpoint
@@ -30,6 +31,7 @@ class Configured:
     runtime: PolicyRuntime
     layout: InputLayout
     settings: TickSettings
+    outputs: Tuple[Output, ...] = ()    # the controllers the plan is split between (one without `outputs`)
 
 
 def absolute_topic(name: str, namespace: str = '/') -> str:
@@ -132,12 +134,16 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
         config = runtime.config
         validate(values, config)
         layout = input_layout(values, config, resolve)
+        outputs = build_outputs(values, resolve, effective_output_topic)
         info(f'loaded {config.policy_type} from {values["checkpoint_path"]} on {runtime.device} ({runtime.dtype}); '
              f'cameras {[camera.topic for camera in layout.cameras]}; '
              f'one cached prefix = {runtime.prefix_bytes() / 2**20:.2f} MiB')
         if values['warmup']:
             info(f'warm-up chunk in {runtime.warmup().total_ms:.1f} ms')
-        return Configured(runtime, layout, tick_settings(values, layout))
+        if values.get('outputs'):
+            info('outputs: ' + '; '.join(f'{output.name} -> {output.topic} ({output.kind}: {list(output.joints)})'
+                                         for output in outputs))
+        return Configured(runtime, layout, tick_settings(values, layout), outputs)
     except BaseException:
         runtime.close()
         raise

@@ -80,7 +80,7 @@ class VlaPolicyNode(LifecycleNode):
         self._engine = TickEngine(self.runtime, self.stats)
         self._inputs = InputSubscriptions(self, self.configured.layout, self.buffer,
                                           self.params.value('instruction_durability'), self._now_ns, self._supervise)
-        self._output = TrajectoryOutput(self, self.params.value('trajectory_topic'), self._engine.supervisor,
+        self._output = TrajectoryOutput(self, self.configured.outputs, self._engine.supervisor,
                                         self.stats, self._reporter)
         return TransitionCallbackReturn.SUCCESS
 
