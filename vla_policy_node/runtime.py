@@ -165,7 +165,8 @@ class PolicyRuntime:
         tokenizer_file = Path(tokenizer_path) if tokenizer_path else loaded.tokenizer_path
         if tokenizer_file is None:
             raise TokenizerError(f'{path} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
-                                 'tokenizer.model (see README "Getting a real checkpoint")')
+                                 f'tokenizer.model, or run `vla_policy_check_checkpoint {path}`: it prints the '
+                                 'command that fetches it (README "Getting a real checkpoint")')
         tokenizer = PromptTokenizer.from_path(tokenizer_file)
         if tokenizer.vocab_size > loaded.config.vocab_size:
             raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
