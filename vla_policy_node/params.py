@@ -233,6 +233,24 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
 
+# Starting values for the first runs on a real arm, commented into config/vla_policy.yaml beside the
+# defaults (README "First run on a real arm": dry_run, then limits + deadman with a slow ramp, then live).
+FIRST_RUN: Dict[str, str] = {
+    'dry_run': 'true for the first run: everything is computed, checked and logged, nothing is sent',
+    'on_fault': 'hold',
+    'fault_hold_after_sec': '1.0 (a few ticks at the measured latency)',
+    'max_position_step': 'per joint, what the arm may move in one action_period_sec at a slow speed, e.g. '
+                         '0.5 rad/s x 0.02 s = 0.01 rad',
+    'max_velocity': 'per joint, 30-50% of the URDF velocity limits, e.g. [0.5, 0.5, 0.5, 0.8, 0.8, 0.8]',
+    'limit_mode': 'hold while a checkpoint is new (a refusal stops the arm and logs why); clamp or stretch '
+                  'once its motion is trusted',
+    'joint_lower_limits': 'the URDF lower limits plus a margin (0.05 rad)',
+    'joint_upper_limits': 'the URDF upper limits minus a margin (0.05 rad)',
+    'require_enable': 'true: a deadman (a held button publishing true at 10-20 Hz on enable_topic)',
+    'enable_timeout_sec': '0.3 with a 10-20 Hz deadman publisher',
+    'ramp_in_sec': '3.0 for the first live runs (blend from where the arm is), then 1.0',
+}
+
 # The sub-parameters of every name in `outputs` (`arm.joints`, `arm.type`, `arm.topic`), as
 # ros2_control's controller YAML nests them. Templates: ``output_specs`` names them per output.
 OUTPUT_FIELDS: Tuple[ParamSpec, ...] = (
@@ -532,10 +550,14 @@ def yaml_document(section: str = f'/**/{NODE_NAME}') -> List[str]:
              '#   python -m vla_policy_node.params --yaml > config/vla_policy.yaml',
              '# It runs as is (`vla_policy_node --ros-args --params-file config/vla_policy.yaml`) with the',
              '# embedded builtin:tiny checkpoint (RANDOM weights); for a robot set checkpoint_path and joint_names.',
+             '# "FIRST RUN ON A REAL ARM" comments give safe starting values for the safety parameters (README',
+             '# "First run on a real arm"); the values set here are the defaults, which limit nothing.',
              f'# "{section}" matches the node in any namespace.',
              f'{section}:', '  ros__parameters:']
     for spec in PARAMETERS:
         lines.append(f'    # {spec.description}' + (' (restart to change)' if spec.read_only else ''))
+        if spec.name in FIRST_RUN:
+            lines.append(f'    # FIRST RUN ON A REAL ARM: {FIRST_RUN[spec.name]}')
         value = spec.default if spec.shipped is None else spec.shipped
         if value is None:
             lines.append(f'    # {spec.name}: []')
