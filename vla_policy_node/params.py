@@ -93,8 +93,10 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec('dtype', 'auto', 'string', 'compute dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16',
               read_only=True, choices=('auto', 'float32', 'bfloat16')),
     ParamSpec('cpu_threads', 0, 'int',
-              'torch CPU threads; 0: torch default. 1-2 on a CPU-only machine shared with other processes.',
-              read_only=True, min_value=0, max_value=256),
+              'torch CPU threads. 0: auto, half the CPUs this process may use and at most all but 2 (at least '
+              '1), leaving room for the executor, the tick thread, camera drivers and the bag player (2 CPUs: '
+              '1 thread); -1: torch\'s own default (every core, which oversubscribes a small shared machine); '
+              'N: N threads.', read_only=True, min_value=-1, max_value=256),
     ParamSpec('pi05_padded_state_prompt', False, 'bool',
               'pi0.5 only: bin the state zero-padded to max_state_dim (32) into the prompt, as lerobot did from '
               '2025-10-02 (#1910) to 2026-03-05 (#2964). Set it only for checkpoints fine-tuned with lerobot '
