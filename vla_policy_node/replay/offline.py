@@ -77,7 +77,8 @@ class OfflineReplay:
         # The replay ticks on the timer grid: a slow simulated tick does not delay the next one.
         outcome: TickOutcome = self.engine.run(self.buffer, self.settings, time_ns,
                                                clock=lambda: time_ns + self.latency_ns)
-        record = TickRecord(time_ns=time_ns, supervisor=self.engine.supervisor.label)
+        record = TickRecord(time_ns=time_ns, supervisor=self.engine.supervisor.label,
+                            publish_ns=outcome.publish_ns or time_ns)
         self._publish(outcome.review, outcome.publish_ns or time_ns, writer, record)
         if outcome.skip is not None:
             record.skipped = outcome.skip.reason.value
