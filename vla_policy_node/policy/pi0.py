@@ -16,7 +16,7 @@ Module names mirror lerobot's ``PI0Pytorch``/``PI05Pytorch`` so that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +25,9 @@ from torch import nn
 from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
-from .layers import additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
-from .rtc import RTCSettings, prepare_guide, step_times
+from .family import check_chunk_inputs, check_prefix_inputs
+from .layers import MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, keep_fp32, rope_cos_sin
+from .rtc import RTCGuide, RTCSettings, prepare_guide
 from .siglip import SiglipVisionTower
 
 # Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
@@ -38,7 +39,7 @@ FP32_MODULE_MARKERS = ('vision_tower', 'multi_modal_projector', 'input_layernorm
 
 def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
     """Storage dtype of a parameter when the model computes in ``compute_dtype``."""
-    return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
+    return keep_fp32(name, compute_dtype, FP32_MODULE_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,19 @@ class SuffixLayout:
     sin: torch.Tensor
     mask: torch.Tensor
     state: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class ChunkSetup:
+    """One chunk's fixed inputs to the Euler loop: layout, K/V workspace [L, 2, B, K, P + S, D] (prefix and
+    state part filled), time terms [N + 1, W], RTC guide or None, noise [B, H, A] fp32, steps."""
+
+    layout: SuffixLayout
+    workspace: torch.Tensor
+    time_terms: torch.Tensor
+    guide: Optional[RTCGuide]
+    noise: torch.Tensor
+    num_steps: int
 
 
 class MultiModalProjector(nn.Module):
@@ -76,7 +90,7 @@ class PaliGemma(nn.Module):
 class GemmaExpert(nn.Module):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
-        cond_dim = config.expert.width if config.policy_type == 'pi05' else None
+        cond_dim = config.expert.width if config.traits.adaptive_expert else None
         self.model = GemmaStack(config.expert, config.rms_norm_eps, cond_dim=cond_dim)
 
 
@@ -87,8 +101,12 @@ class PaliGemmaWithExpert(nn.Module):
         self.gemma_expert = GemmaExpert(config)
 
 
-class PiZeroModel(nn.Module):
-    """pi0 (``policy_type='pi0'``) or pi0.5 (``'pi05'``), inference only."""
+class PiZeroModel(MixedPrecisionPolicy):
+    """pi0 (a state token, time fused into the action tokens) or pi0.5 (state in the prompt, adaptive
+    expert norms), as ``config.traits`` says; inference only. ``set_compute_dtype`` runs the two Gemma
+    stacks in a dtype and keeps FP32_MODULE_MARKERS modules in fp32."""
+
+    fp32_markers = FP32_MODULE_MARKERS
 
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -97,7 +115,7 @@ class PiZeroModel(nn.Module):
         self.paligemma_with_expert = PaliGemmaWithExpert(config)
         self.action_in_proj = nn.Linear(config.max_action_dim, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
-        if config.policy_type == 'pi0':
+        if config.traits.state_token:
             self.state_proj = nn.Linear(config.max_state_dim, width)
             self.action_time_mlp_in = nn.Linear(2 * width, width)
             self.action_time_mlp_out = nn.Linear(width, width)
@@ -105,19 +123,7 @@ class PiZeroModel(nn.Module):
             self.time_mlp_in = nn.Linear(width, width)
             self.time_mlp_out = nn.Linear(width, width)
         self.compute_dtype = torch.float32
-        self._time_embeddings: Dict[Tuple[int, str], torch.Tensor] = {}
-
-    # ---- precision -------------------------------------------------------------
-    def set_compute_dtype(self, dtype: torch.dtype) -> 'PiZeroModel':
-        """Run the two Gemma stacks in ``dtype``; keep FP32_MODULE_MARKERS modules in fp32."""
-        self.compute_dtype = dtype
-        for name, param in self.named_parameters():
-            param.data = param.data.to(param_dtype(name, dtype))
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.action_in_proj.weight.device
+        self._time_table = TimeEmbeddingTable(width, config.min_period, config.max_period)
 
     @property
     def _lm(self) -> GemmaStack:
@@ -144,7 +150,7 @@ class PiZeroModel(nn.Module):
         images [B, N, 3, H, W] in [-1, 1]; image_masks [B, N] bool; tokens [B, L] int; token_masks [B, L] bool.
         """
         cfg = self.config
-        self._check_prefix_inputs(images, image_masks, tokens, token_masks)
+        check_prefix_inputs(cfg, images, image_masks, tokens, token_masks)
         image_tokens = self.embed_images(images)                                       # [B, N*P_img, W]
         text_tokens = self._lm.embed(tokens).to(self.compute_dtype)                    # [B, L, W]
         x = torch.cat([image_tokens, text_tokens], dim=1)                              # [B, P, W]
@@ -157,29 +163,10 @@ class PiZeroModel(nn.Module):
         kv = self._lm.prefix_kv(x, cos, sin, additive_mask(allowed, self.compute_dtype))
         return PrefixContext(kv=kv, pad_mask=pad)
 
-    def _check_prefix_inputs(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                             token_masks: torch.Tensor) -> None:
-        cfg = self.config
-        cameras = len(cfg.all_camera_names)
-        height, width = cfg.image_resolution
-        if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
-            raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
-        if tuple(image_masks.shape) != (images.shape[0], cameras):
-            raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
-        if tokens.shape != token_masks.shape or tokens.shape[1] != cfg.tokenizer_max_length:
-            raise ValueError(f'tokens and token_masks must be [B, {cfg.tokenizer_max_length}], '
-                             f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
-
     # ---- suffix --------------------------------------------------------------------
     def time_embeddings(self, num_steps: int) -> torch.Tensor:
-        """Sinusoidal embeddings of t_k = 1 + k*dt for k < num_steps, then of t = 0 (a clean, trained-RTC
-        prefix token) -> [num_steps + 1, W] fp32, cached per device."""
-        key = (num_steps, str(self.device))
-        if key not in self._time_embeddings:
-            t = torch.tensor(step_times(num_steps) + [0.0], dtype=torch.float32)
-            emb = sincos_time_embedding(t, self.config.expert.width, self.config.min_period, self.config.max_period)
-            self._time_embeddings[key] = emb.to(torch.float32).to(self.device)
-        return self._time_embeddings[key]
+        """[num_steps + 1, W] fp32: every step's time embedding, then t = 0's (layers.TimeEmbeddingTable)."""
+        return self._time_table(num_steps, self.device)
 
     def _suffix_layout(self, context: PrefixContext) -> 'SuffixLayout':
         """Positions (as RoPE tables) and additive masks of the suffix, fixed for a whole chunk.
@@ -197,7 +184,7 @@ class PiZeroModel(nn.Module):
         valid = pad.long().sum(dim=1, keepdim=True)                                     # [B, 1]
         state = None
         start = prefix_len
-        if cfg.policy_type == 'pi0':
+        if cfg.traits.state_token:
             allowed = torch.cat([pad, pad.new_ones(batch, 1)], dim=1)[:, None, None]     # [B, 1, 1, P+1]
             cos, sin = rope_cos_sin(valid, cfg.expert.head_dim, cfg.rope_theta)
             state = (cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups))
@@ -216,7 +203,7 @@ class PiZeroModel(nn.Module):
         """
         width = self.config.expert.width
         embs = self.time_embeddings(num_steps)                                          # [N + 1, W]
-        if self.config.policy_type == 'pi0':
+        if not self.config.traits.adaptive_expert:
             layer = self.action_time_mlp_in
             return F.linear(embs, layer.weight[:, width:], layer.bias)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(embs))))
@@ -235,7 +222,7 @@ class PiZeroModel(nn.Module):
         term = time_terms[step]                                                         # [W]
         if clean is not None:
             term = torch.where(clean[..., None], time_terms[-1], term)                  # [B, H, W]
-        if self.config.policy_type == 'pi0':
+        if not self.config.traits.adaptive_expert:
             hidden = F.linear(action_tokens, self.action_time_mlp_in.weight[:, :width]) + term
             return self.action_time_mlp_out(F.silu(hidden)).to(self.compute_dtype), None
         cond = term if clean is not None else term[None].expand(batch, -1)              # [B, H, W] or [B, W]
@@ -246,7 +233,7 @@ class PiZeroModel(nn.Module):
                 num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                 inference_delay: int = 0, execution_horizon: Optional[int] = None,
                 rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        """Flow-matching Euler integration against a read-only prefix.
+        """Flow-matching Euler integration against a read-only prefix: ``chunk_setup`` then ``euler_loop``.
 
         state [B, max_state_dim] (normalised; pi0 only, ignored by pi0.5); noise [B, H, max_action_dim].
         With ``rtc`` and a previous chunk's unexecuted actions (normalised, [T, A'] or [B, T, A']), the
@@ -254,13 +241,19 @@ class PiZeroModel(nn.Module):
         execution_horizon); without, the loop is exactly the plain one.
         Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
         """
+        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.euler_loop(chunk)
+
+    @torch.no_grad()
+    def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
+                    num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                    inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                    rtc: Optional[RTCSettings] = None) -> 'ChunkSetup':
+        """Everything fixed for one chunk: K/V workspace (prefix copied in, pi0's state token written),
+        suffix layout, time terms and the RTC guide."""
         cfg = self.config
-        num_steps = int(num_steps or cfg.num_inference_steps)
-        if num_steps < 1:
-            raise ValueError(f'num_steps must be >= 1, got {num_steps}')
-        expected = (context.batch_size, cfg.chunk_size, cfg.max_action_dim)
-        if tuple(noise.shape) != expected:
-            raise ValueError(f'noise must be {list(expected)}, got {list(noise.shape)}')
+        num_steps = check_chunk_inputs(cfg, context, noise, num_steps)
         prefix_len = context.prefix_len
         layout = self._suffix_layout(context)
         # The prefix K/V is copied once per chunk into a [P + S] buffer; each step
@@ -275,14 +268,20 @@ class PiZeroModel(nn.Module):
         time_terms = self._time_terms(num_steps)                                        # [N + 1, W]
         guide = prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
                               cfg.rtc_training_max_delay)
+        return ChunkSetup(layout, workspace, time_terms, guide, noise.float(), num_steps)
+
+    @torch.no_grad()
+    def euler_loop(self, chunk: 'ChunkSetup') -> torch.Tensor:
+        """The per-step loop: x <- x + dt * v(x, t) for every step, from the chunk's noise -> [B, H, A] fp32."""
+        guide, layout = chunk.guide, chunk.layout
         clean = guide.clamp[..., 0] if guide is not None and guide.clamp is not None else None   # [B, H]
-        dt = -1.0 / num_steps
-        x_t = noise.float()
-        for step in range(num_steps):
+        dt = -1.0 / chunk.num_steps
+        x_t = chunk.noise
+        for step in range(chunk.num_steps):
             if guide is not None:
                 x_t = guide.clamp_prefix(x_t)
-            tokens, cond = self._embed_suffix(x_t, time_terms, step, clean)            # [B, H, W]
-            hidden = self._expert.suffix_forward(tokens, workspace, layout.start, layout.cos, layout.sin,
+            tokens, cond = self._embed_suffix(x_t, chunk.time_terms, step, clean)      # [B, H, W]
+            hidden = self._expert.suffix_forward(tokens, chunk.workspace, layout.start, layout.cos, layout.sin,
                                                  layout.mask, cond)
             velocity = self.action_out_proj(hidden.float())                             # [B, H, A]
             if guide is not None:

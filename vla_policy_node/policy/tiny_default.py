@@ -14,11 +14,11 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from torch import nn
+
 from .checkpoint import save_checkpoint
-from .config import PolicyConfig, preset
+from .families import family_class, known_types
 from .layers import fuse_projections
-from .pi0 import PiZeroModel
-from .tiny_tokenizer import build_test_tokenizer
 
 DEFAULT_SEED = 0
 # Joint-space statistics of a plausible 6-joint arm (radians): actions stay within ~±1 rad.
@@ -26,14 +26,14 @@ ACTION_STD = 0.2
 STATE_STD = 0.5
 
 
-def random_model(config: PolicyConfig, seed: int = DEFAULT_SEED) -> PiZeroModel:
+def random_model(config, seed: int = DEFAULT_SEED) -> nn.Module:
     """torch's default initialisation under a fixed seed: same seed, same weights, on any machine.
 
     Projections are fused as a loaded model's are (same GEMMs, same numerics)."""
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        return fuse_projections(PiZeroModel(config)).eval()
+        return fuse_projections(family_class(config.policy_type).model_class(config)).eval()
     finally:
         torch.random.set_rng_state(generator_state)
 
@@ -47,11 +47,12 @@ def statistics(dim: int, std: float) -> dict:
             'q10': zeros - 1.28 * spread, 'q90': zeros + 1.28 * spread}
 
 
-def write_random_checkpoint(folder: Path, config: PolicyConfig, seed: int = DEFAULT_SEED) -> Path:
+def write_random_checkpoint(folder: Path, config, seed: int = DEFAULT_SEED) -> Path:
     """A lerobot pretrained_model/ folder with seeded random weights and a small trained tokenizer."""
     model = random_model(config, seed)
+    family = family_class(config.policy_type)
     with tempfile.TemporaryDirectory() as scratch:
-        tokenizer_file = build_test_tokenizer(Path(scratch), vocab_size=min(config.vocab_size, 512))
+        tokenizer_file = family.build_test_tokenizer(Path(scratch), min(config.vocab_size, 512))
         return save_checkpoint(Path(folder), model, statistics(config.state_dim, STATE_STD),
                                statistics(config.action_dim, ACTION_STD), tokenizer_file=tokenizer_file)
 
@@ -65,7 +66,7 @@ def write_tiny_default(folder: Path, policy_type: str = 'pi0', seed: int = DEFAU
                        relative_actions: bool = False) -> Path:
     """The tiny checkpoint; ``relative_actions``: trained on offsets from the state, gripper absolute."""
     overrides = dict(use_relative_actions=True, action_feature_names=TINY_ACTION_NAMES) if relative_actions else {}
-    return write_random_checkpoint(folder, preset('tiny', policy_type=policy_type, **overrides), seed)
+    return write_random_checkpoint(folder, family_class(policy_type).tiny_config(**overrides), seed)
 
 
 def builtin_tiny_checkpoint() -> Path:
@@ -88,7 +89,7 @@ def builtin_tiny_checkpoint() -> Path:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description='Write the tiny random-weight checkpoint (lerobot layout).')
     parser.add_argument('output', type=Path, help='folder to create (pretrained_model layout)')
-    parser.add_argument('--type', choices=('pi0', 'pi05'), default='pi0')
+    parser.add_argument('--type', choices=known_types(), default='pi0')
     parser.add_argument('--seed', type=int, default=DEFAULT_SEED)
     parser.add_argument('--relative-actions', action='store_true',
                         help='use_relative_actions: actions are offsets from the state (gripper absolute)')
