@@ -83,3 +83,30 @@ def test_the_node_tokenizer_error_points_at_the_doctor(tiny, tmp_path):
     shutil.rmtree(folder / 'tokenizer')
     with pytest.raises(TokenizerError, match=f'vla_policy_check_checkpoint {folder}'):
         PolicyRuntime.from_pretrained(folder, device='cpu')
+
+
+@pytest.mark.parametrize('policy_type', ['pi05', 'smolvla'])
+def test_every_family_of_the_registry_is_covered(policy_type, tmp_path):
+    folder = write_tiny_default(tmp_path / policy_type, policy_type)
+    done = _doctor(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f'type {policy_type} (family ' in done.stdout and 'tensors match' in done.stdout
+    assert 'one cache entry' in done.stdout
+    shutil.rmtree(folder / 'tokenizer')
+    config = json.loads((folder / 'config.json').read_text())
+    config['n_obs_steps'] = 3
+    (folder / 'config.json').write_text(json.dumps(config))
+    out = _doctor(folder).stdout
+    assert 'REFUSED: config.json n_obs_steps = 3' in out
+    wanted = 'tokenizer.json' if policy_type == 'smolvla' else 'tokenizer.model'
+    assert f' {wanted} --local-dir {folder}/tokenizer' in out
+
+
+def test_an_unknown_type_names_the_known_ones(tiny, tmp_path):
+    folder = tmp_path / 'octo'
+    shutil.copytree(tiny, folder)
+    config = json.loads((folder / 'config.json').read_text())
+    config['type'] = 'octo'
+    (folder / 'config.json').write_text(json.dumps(config))
+    done = _doctor(folder)
+    assert done.returncode == 1 and "'pi0', 'pi05', 'smolvla'" in done.stdout, done.stdout

@@ -2,9 +2,11 @@
 
     vla_policy_check_checkpoint DIR [--tokenizer PATH] [--fps 50] [--latency-ms 150]
 
-No GPU and no weights: ``model.safetensors`` is read as far as its JSON header (names, dtypes,
-shapes), the model is built on torch's meta device (shapes only) to compare the tensors, and
-only the small normalisation statistics and the tokenizer are read. Prints:
+Every family of the registry (``policy/families``: pi0, pi0.5, SmolVLA) through the family seam:
+its field table, its folder config, its model class and weight keys, its tokenizer class. No GPU
+and no weights: ``model.safetensors`` is read as far as its JSON header (names, dtypes, shapes),
+the model is built on torch's meta device (shapes only) to compare the tensors, and only the
+small normalisation statistics and the tokenizer are read. Prints:
   - the policy type, cameras, state/action dims, chunk size and steps, the normalisation;
   - every config field and every file problem the node would refuse (not only the first);
   - whether a tokenizer is there, else the exact command that fetches it (gated on the Hub);
@@ -30,6 +32,7 @@ from .params import SPECS
 SAFETENSORS_DTYPE_BYTES = {'F64': 8, 'F32': 4, 'F16': 2, 'BF16': 2, 'I64': 8, 'I32': 4, 'I16': 2, 'I8': 1,
                            'U8': 1, 'BOOL': 1, 'F8_E4M3': 1, 'F8_E5M2': 1}
 MAX_HEADER_BYTES = 100 * 2 ** 20
+PALIGEMMA_TOKENIZER = 'google/paligemma-3b-pt-224'
 HUB_LICENCE_NOTE = ('PaliGemma is gated on the Hugging Face Hub: accept its licence at '
                     'https://huggingface.co/{name} and log in (`huggingface-cli login`) first.')
 
@@ -80,18 +83,17 @@ def _mib(count: float) -> str:
     return f'{count / 2 ** 20:,.1f} MiB' if count < 2 ** 30 else f'{count / 2 ** 30:,.2f} GiB'
 
 
-def _config_refusals(raw: Mapping[str, Any]) -> Tuple[List[str], Dict[str, Any]]:
-    """Every config.json field the node refuses, and the document with those fields at loadable values."""
-    from .policy.config import CONFIG_FIELDS, DEFAULT_ONLY, POLICY_TYPES
+def _config_refusals(raw: Mapping[str, Any], fields: Mapping[str, Any], type_name: str
+                     ) -> Tuple[List[str], Dict[str, Any]]:
+    """Every config.json field the family refuses (its field table), and the document with those fields at
+    loadable values (unknown ones left out, the others at their first accepted value)."""
+    from .policy.config_fields import DEFAULT_ONLY
 
-    policy_type = raw.get('type')
-    if policy_type not in POLICY_TYPES:
-        return [f'config.json "type" is {policy_type!r}; the node loads {list(POLICY_TYPES)}'], {}
     found, usable = [], dict(raw)
     for name, value in raw.items():
-        entry = CONFIG_FIELDS.get(name)
-        if entry is None or policy_type not in entry.policy_types:
-            found.append(f'config.json field {name} = {json.dumps(value)[:80]}: a lerobot {policy_type} config has '
+        entry = fields.get(name)
+        if entry is None:
+            found.append(f'config.json field {name} = {json.dumps(value)[:80]}: a lerobot {type_name} config has '
                          'no such field; refused rather than ignored')
             usable.pop(name)
         elif entry.handling == DEFAULT_ONLY and not any(type(value) is type(ok) and value == ok
@@ -102,51 +104,50 @@ def _config_refusals(raw: Mapping[str, Any]) -> Tuple[List[str], Dict[str, Any]]
     return found, usable
 
 
-def _tokenizer_hub_name(folder: Path) -> str:
-    """The tokenizer the checkpoint's pre-processor names (lerobot's tokenizer step), else PaliGemma's."""
-    from .policy.checkpoint import HUB_TOKENIZER_NAME, PREPROCESSOR_FILE
+def _tokenizer_hub_name(folder: Path, default: str) -> str:
+    """The tokenizer the checkpoint's pre-processor names (lerobot's tokenizer step), else ``default``."""
+    from .policy.checkpoint import PREPROCESSOR_FILE
 
     try:
         steps = json.loads((folder / PREPROCESSOR_FILE).read_text()).get('steps', [])
     except (OSError, ValueError, AttributeError):
-        return HUB_TOKENIZER_NAME
+        return default
     for step in steps:
         name = (step.get('config') or {}).get('tokenizer_name') if isinstance(step, dict) else None
         if isinstance(name, str) and name:
             return name
-    return HUB_TOKENIZER_NAME
+    return default
 
 
-def fetch_tokenizer_command(folder: Path, hub_name: str) -> str:
+def fetch_tokenizer_command(folder: Path, hub_name: str, file_name: str) -> str:
     """The command that fetches only the tokenizer file into <folder>/tokenizer/ (where the node looks)."""
-    return f'huggingface-cli download {hub_name} tokenizer.model --local-dir {folder / "tokenizer"}'
+    return f'huggingface-cli download {hub_name} {file_name} --local-dir {folder / "tokenizer"}'
 
 
-def _weights(diagnosis: Diagnosis, config: Any, header: Dict[str, Dict[str, Any]]) -> int:
-    """Names and shapes against the model built on the meta device (nothing allocated), every mismatch listed;
-    returns the model's bytes in bf16 (the fp32 parts counted as fp32)."""
+def _weights(diagnosis: Diagnosis, family: Any, config: Any, header: Dict[str, Dict[str, Any]]) -> int:
+    """Names and shapes against the family's model built on the meta device (nothing allocated), every mismatch
+    listed; returns the model's bytes in bf16 (the parts the family keeps in fp32 counted as fp32)."""
     import torch
 
-    from .policy.checkpoint import WEIGHTS_FILE, _known_unused, canonical_key
-    from .policy.pi0 import PiZeroModel, param_dtype
+    from .policy.checkpoint import WEIGHTS_FILE
 
+    keys = family.weight_keys
     with torch.device('meta'):
-        model = PiZeroModel(config)
+        model = family.model_class(config)
     expected = {name: (tuple(t.shape), t.numel()) for name, t in model.state_dict().items()}
+    canonical = {file_key: keys.canonical(file_key) for file_key in header}
     found: Dict[str, str] = {}
     unexpected, misshaped = [], []
-    for file_key, entry in header.items():
-        key = canonical_key(file_key, config.policy_type)
+    for file_key, key in canonical.items():
         if key in expected:
             found[key] = file_key
-            if tuple(entry['shape']) != expected[key][0]:
-                misshaped.append(f'{file_key} {list(entry["shape"])} (expected {list(expected[key][0])})')
-        elif not _known_unused(key, config.policy_type):
+            if tuple(header[file_key]['shape']) != expected[key][0]:
+                misshaped.append(f'{file_key} {list(header[file_key]["shape"])} (expected {list(expected[key][0])})')
+        elif not keys.known_unused(key):
             unexpected.append(file_key)
-    embed = 'paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight'
-    if embed not in found and any(canonical_key(k, config.policy_type).endswith('paligemma.lm_head.weight')
-                                  for k in header):
-        found[embed] = 'lm_head (tied)'
+    for key, stand_in in keys.stand_ins.items():      # tied embeddings: an export may keep only the LM head
+        if key in expected and key not in found and stand_in in canonical.values():
+            found[key] = stand_in
     missing = sorted(set(expected) - set(found))
     for kind, names in (('missing', missing), ('unexpected', sorted(unexpected)), ('mis-shaped', misshaped)):
         if names:
@@ -154,39 +155,35 @@ def _weights(diagnosis: Diagnosis, config: Any, header: Dict[str, Dict[str, Any]
             diagnosis.refuse(f'{WEIGHTS_FILE}: {len(names)} {kind} tensor(s): {shown}')
     if not (missing or unexpected or misshaped):
         diagnosis.say(f'{len(found)} tensors match a {config.policy_type} model of this config.json')
-    bf16 = sum(count * (4 if param_dtype(name, torch.bfloat16) == torch.float32 else 2)
+    return sum(count * (4 if keys.param_dtype(name, torch.bfloat16) == torch.float32 else 2)
                for name, (_, count) in expected.items())
-    return bf16
 
 
 def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float] = None,
              latency_ms: Optional[float] = None) -> Diagnosis:
-    """The whole report for one folder (see the module docstring)."""
-    from .policy.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, check_relative_action_steps,
-                                    find_tokenizer, load_normalizers)
-    from .policy.config import ConfigError, PolicyConfig
+    """The whole report for one folder (see the module docstring), through the policy-family registry."""
+    from .policy.checkpoint import (WEIGHTS_FILE, CheckpointError, check_relative_action_steps, find_tokenizer,
+                                    load_normalizers, read_config_json)
+    from .policy.config_fields import ConfigError
+    from .policy.families import family_class
 
     folder = Path(folder)
     diagnosis = Diagnosis(folder)
     diagnosis.lines.append(f'checkpoint {folder}')
     try:
-        raw = json.loads((folder / CONFIG_FILE).read_text())
-    except FileNotFoundError:
-        diagnosis.refuse(f'no {CONFIG_FILE} in {folder}: not a lerobot pretrained_model/ folder')
-        return diagnosis
-    except ValueError as exc:
-        diagnosis.refuse(f'{CONFIG_FILE} is not valid JSON: {exc}')
+        raw = read_config_json(folder)
+        family = family_class(raw.get('type'))
+    except (CheckpointError, ConfigError) as exc:
+        diagnosis.refuse(str(exc))
         return diagnosis
 
     diagnosis.section('config.json fields the node refuses')
-    refused, usable = _config_refusals(raw)
+    refused, usable = _config_refusals(raw, family.config_fields(), family.type_name)
     for problem in refused:
         diagnosis.refuse(problem)
-    if not usable:
-        return diagnosis
     try:
-        config = PolicyConfig.from_lerobot_dict(usable)
-    except ConfigError as exc:
+        config = family.folder_config(folder, usable)
+    except (ConfigError, CheckpointError) as exc:
         diagnosis.refuse(str(exc))
         return diagnosis
     if not refused:
@@ -195,7 +192,8 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
         diagnosis.say('(below: the checkpoint as if those fields were at their loadable values)')
 
     diagnosis.section('policy')
-    diagnosis.say(f'type {config.policy_type}; {config.num_inference_steps} flow-matching steps')
+    diagnosis.say(f'type {config.policy_type} (family {family.__name__}); {config.num_inference_steps} '
+                  'flow-matching steps')
     diagnosis.say(f'cameras {list(config.camera_names)}' + (f' + {config.empty_cameras} empty (masked)'
                                                             if config.empty_cameras else '')
                   + f'; images {config.image_resolution[1]}x{config.image_resolution[0]}')
@@ -220,9 +218,8 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
 
     diagnosis.section('weights (safetensors header only)')
     bf16_bytes = 0
-    weights = folder / WEIGHTS_FILE
     try:
-        header = read_safetensors_header(weights)
+        header = read_safetensors_header(folder / WEIGHTS_FILE)
     except FileNotFoundError:
         diagnosis.refuse(f'no {WEIGHTS_FILE} in {folder}')
     except (OSError, ValueError) as exc:
@@ -233,23 +230,26 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
             per_dtype[entry['dtype']] = per_dtype.get(entry['dtype'], 0) + tensor_bytes(entry)
         sizes = [f'{dtype} {_mib(count)} ({count:,} B)' for dtype, count in sorted(per_dtype.items())]
         diagnosis.say('bytes per dtype: ' + ', '.join(sizes))
-        bf16_bytes = _weights(diagnosis, config, header)
+        bf16_bytes = _weights(diagnosis, family, config, header)
 
     diagnosis.section('tokenizer')
     found = tokenizer if tokenizer is not None else find_tokenizer(folder)
     if found is not None and Path(found).exists():
-        _tokenizer_check(diagnosis, Path(found), config)
+        _tokenizer_check(diagnosis, family, Path(found), config)
     else:
-        hub_name = _tokenizer_hub_name(folder)
+        # The file the family reads: tokenizer.json where its hint names one (SmolVLM2), else PaliGemma's model.
+        file_name = 'tokenizer.json' if 'tokenizer.json' in family.tokenizer_hint else 'tokenizer.model'
+        hub_name = _tokenizer_hub_name(folder, getattr(config, 'vlm_model_name', None) or PALIGEMMA_TOKENIZER)
         diagnosis.refuse(f'no tokenizer in {folder / "tokenizer"} (or at tokenizer_path): the robot cannot '
                          f'download {hub_name}')
         diagnosis.say('on a machine with internet, fetch only the tokenizer file, then copy the folder over:')
-        diagnosis.say(f'  {fetch_tokenizer_command(folder, hub_name)}')
+        diagnosis.say(f'  {fetch_tokenizer_command(folder, hub_name, file_name)}')
         diagnosis.say('  (newer huggingface_hub: `hf download` takes the same arguments)')
-        diagnosis.say(HUB_LICENCE_NOTE.format(name=hub_name))
+        diagnosis.say(HUB_LICENCE_NOTE.format(name=hub_name) if 'paligemma' in hub_name.lower() else
+                      'If the repository is gated, accept its licence on the Hub and log in first.')
 
     diagnosis.section('memory (analytic)')
-    entry = config.kv_bytes_per_token(2) * config.prefix_len + config.prefix_len     # K/V in bf16 + pad mask
+    entry = config.cache_entry_bytes(2)
     cache = min(SPECS['cache_max_bytes'].default, SPECS['cache_max_entries'].default * entry)
     diagnosis.say(f'prefix {config.prefix_len} tokens: {len(config.all_camera_names)} image slots x '
                   f'{config.tokens_per_image} + {config.tokenizer_max_length} prompt tokens (a camera the node '
@@ -258,7 +258,7 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
                   f'{SPECS["cache_max_entries"].default}, cache_max_bytes {_mib(SPECS["cache_max_bytes"].default)}) '
                   f'holds up to {_mib(cache)}')
     if bf16_bytes:
-        diagnosis.say(f'GPU, bf16: model {_mib(bf16_bytes)} (norms, vision tower and small heads stay fp32) + cache '
+        diagnosis.say(f'GPU, bf16: model {_mib(bf16_bytes)} (the parts the family keeps in fp32 counted so) + cache '
                       f'{_mib(cache)} = {_mib(bf16_bytes + cache)}, plus the CUDA context and activations')
 
     diagnosis.section('a parameter block to start from (README "Choosing the control parameters")')
@@ -266,12 +266,12 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
     return diagnosis
 
 
-def _tokenizer_check(diagnosis: Diagnosis, path: Path, config: Any) -> None:
-    from .policy.tokenizer import PromptTokenizer, TokenizerError
+def _tokenizer_check(diagnosis: Diagnosis, family: Any, path: Path, config: Any) -> None:
+    from .policy.tokenizer import TokenizerError
 
     try:
-        loaded = PromptTokenizer.from_path(path)
-    except TokenizerError as exc:
+        loaded = family.tokenizer_class.from_path(path)
+    except (TokenizerError, ValueError, OSError) as exc:
         diagnosis.refuse(str(exc))
         return
     if loaded.vocab_size > config.vocab_size:
