@@ -68,6 +68,8 @@ setup(
             'vla_policy_make_bag = vla_policy_node.replay.make_bag:main',
             'vla_policy_make_checkpoint = vla_policy_node.policy.tiny_default:main',
             'vla_policy_serve = vla_policy_node.remote.server:main',
+            'vla_policy_gripper_relay = vla_policy_node.ros.gripper_relay:main',
+            'vla_policy_check_checkpoint = vla_policy_node.doctor:main',
         ],
     },
 )

@@ -211,8 +211,15 @@ def positions_of(msg: JointTrajectory) -> np.ndarray:
 
 
 def check_jtc(msg: JointTrajectory, joint_names: Sequence[str] = JOINTS, points: Optional[int] = None,
-              zero_stamp: Optional[bool] = None) -> None:
-    """What joint_trajectory_controller's validate_trajectory_msg checks, plus header sanity."""
+              zero_stamp: Optional[bool] = None, now_ns: Optional[int] = None) -> None:
+    """What joint_trajectory_controller's validate_trajectory_msg checks, plus header sanity.
+
+    The controller's rules (ros2_controllers joint_trajectory_controller.cpp, validate_trajectory_msg):
+    its own joints exactly (no partial goals by default: a joint it does not own rejects the message),
+    time_from_start strictly increasing, one position/velocity per joint, zero final velocity, and a
+    trajectory with a non-zero stamp that ends in the past (stamp + the last point's time_from_start
+    before the controller's clock, ``now_ns`` when it arrived) is rejected.
+    """
     assert list(msg.joint_names) == list(joint_names)
     check_controller_rules(list(msg.joint_names), times_of(msg), [list(p.positions) for p in msg.points],
                            [list(p.velocities) for p in msg.points])
@@ -229,6 +236,10 @@ def check_jtc(msg: JointTrajectory, joint_names: Sequence[str] = JOINTS, points:
         assert stamp_ns(msg.header.stamp) == 0
     elif zero_stamp is False:
         assert stamp_ns(msg.header.stamp) > 0
+    if now_ns is not None and stamp_ns(msg.header.stamp) != 0:
+        end_ns = stamp_ns(msg.header.stamp) + int(round(duration_sec(msg.points[-1].time_from_start) * NS))
+        assert end_ns >= now_ns, (f'the controller rejects a stamped trajectory that ends in the past: it ends at '
+                                  f'{end_ns} ns, received at {now_ns} ns')
 
 
 def check_chunk_timing(msg: JointTrajectory, execute_steps: int, dt: float, max_elapsed: int = 3) -> None:
@@ -297,6 +308,8 @@ class TestRig:
         self._lock = threading.Condition()
         self.trajectories: List[JointTrajectory] = []
         self.trajectory_times: List[float] = []
+        self.trajectory_received_ns: List[int] = []      # the rig's clock (sim time while it drives /clock)
+        self.extra: Dict[str, List[object]] = {}         # subscribe(): topic -> messages
         self.diagnostics: List[DiagnosticArray] = []
         self.node.create_subscription(JointTrajectory, trajectory_topic, self._on_trajectory,
                                       QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
@@ -469,10 +482,28 @@ class TestRig:
 
     # ---- outputs -------------------------------------------------------------------------------
     def _on_trajectory(self, msg: JointTrajectory) -> None:
+        received_ns = self.now_ns()
         with self._lock:
             self.trajectories.append(msg)
             self.trajectory_times.append(time.monotonic())
+            self.trajectory_received_ns.append(received_ns)
             self._lock.notify_all()
+
+    def subscribe(self, topic: str, msg_type) -> None:
+        """Record ``msg_type`` messages on another output topic into ``extra[topic]`` (reliable, like the node)."""
+        self.extra.setdefault(topic, [])
+
+        def record(msg) -> None:
+            with self._lock:
+                self.extra[topic].append(msg)
+                self._lock.notify_all()
+
+        self.node.create_subscription(msg_type, topic, record,
+                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+
+    def extra_since(self, topic: str, since: int = 0) -> List[object]:
+        with self._lock:
+            return list(self.extra[topic][since:])
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         if not any(status.name == STATUS_NAME for status in msg.status):
@@ -486,6 +517,9 @@ class TestRig:
         with self._lock:
             self.trajectories.clear()
             self.trajectory_times.clear()
+            self.trajectory_received_ns.clear()
+            for messages in self.extra.values():
+                messages.clear()
             self.diagnostics.clear()
 
     def trajectory_count(self) -> int:

@@ -163,6 +163,32 @@ def test_cli_subprocess_replays_with_ros_args(context, short_bag):
     check_clock(recorder.received['/clock'])
 
 
+@pytest.mark.timeout(90)
+def test_cli_waits_for_a_late_subscriber_by_default(context, short_bag):
+    # A node started just before the player subscribes only once configured: the player must not
+    # publish the bag's t=0 instruction to nobody.
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get('PYTHONPATH')]))
+    command = [sys.executable, '-m', 'vla_policy_node.replay.play', str(short_bag), '--topics', INSTRUCTION_TOPIC,
+               '--ros-args', '-r', '__node:=late_player_under_test']
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3.0)                        # the player is up and waiting; then the subscriber appears
+        assert process.poll() is None, 'the player did not wait for a subscriber'
+        recorder = Recorder(context, {INSTRUCTION_TOPIC: String})
+        try:
+            recorder.spin_while(lambda: process.poll() is None, timeout_sec=40.0)
+        finally:
+            recorder.close()
+        stdout, stderr = process.communicate(timeout=10.0)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    assert 'waiting up to 10 s for a subscriber' in stderr and 'subscribed: playing' in stderr, stderr
+    assert [msg.data for msg in recorder.received[INSTRUCTION_TOPIC]] == [SPEC.instruction] * 2
+
+
 def test_cli_reports_missing_topic(short_bag, capsys):
     from vla_policy_node.replay.play import main
     assert main([str(short_bag), '--topics', '/nope']) == 2

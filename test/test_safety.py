@@ -206,3 +206,24 @@ def test_ramp_in_starts_exactly_at_the_measured_position_and_ends_at_the_policy(
     later = review(supervisor, settings, NS + 300_000_000, policy=plan(target)).plan
     np.testing.assert_allclose(later.positions[:3, 0], [0.48, 0.64, 0.8])
     assert review(supervisor, settings, 2 * NS, policy=plan(target)).plan.positions.tolist() == target.tolist()
+
+
+def test_a_clock_jump_holds_once_and_a_valid_plan_releases_it():
+    supervisor, settings = SafetySupervisor(), SafetySettings()
+    supervisor.activate(5 * NS)
+    review = supervisor.clock_jumped(JOINTS, HERE, settings, 2 * NS, 'ROS time jumped back')
+    assert review.kind is PlanKind.HOLD and supervisor.label == 'held: clock_jump'
+    np.testing.assert_array_equal(review.plan.positions, [HERE.positions])
+    # The ticks that follow (no new frames yet) hold no more; the first valid plan releases it.
+    skipped = supervisor.review(None, SkipReason.CAMERA_MISSING, JOINTS, NOBODY, HERE, settings, 2 * NS, 2 * NS)
+    assert skipped.plan is None and supervisor.holds == {'clock_jump': 1}
+    released = supervisor.review(plan([[0.1, 1.0], [0.2, 1.0]]), None, JOINTS, NOBODY, HERE, settings, 3 * NS, 3 * NS)
+    assert released.kind is PlanKind.POLICY and supervisor.state is SupervisorState.ACTIVE
+
+
+def test_a_clock_jump_leaves_an_estop_latched():
+    supervisor, settings = SafetySupervisor(), SafetySettings()
+    supervisor.activate(5 * NS)
+    supervisor.supervise(OperatorInputs(estop=True), JOINTS, HERE, settings, 5 * NS)
+    assert supervisor.clock_jumped(JOINTS, HERE, settings, 2 * NS, 'back').plan is None
+    assert supervisor.state is SupervisorState.ESTOP and HoldReason.CLOCK_JUMP.value not in supervisor.holds

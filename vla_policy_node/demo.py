@@ -59,7 +59,26 @@ def node_command(checkpoint: Path, remote: Optional[Dict[str, object]] = None) -
     launcher = [script] if script else [sys.executable, '-m', 'vla_policy_node.ros.main']
     extra = [arg for name, value in (remote or {}).items() for arg in ('-p', f'{name}:={value}')]
     return launcher + ['--ros-args', '--params-file', str(DEMO_PARAMS), '-p', f'checkpoint_path:={checkpoint}',
-                       '-p', 'use_sim_time:=true', '-p', 'stamp_mode:=observation'] + extra
+                       '-p', 'use_sim_time:=true', '-p', 'stamp_mode:=observation',
+                       '-p', f'diagnostics_period_sec:={DIAGNOSTICS_PERIOD_SEC}'] + extra
+
+
+# The node's figures come with its /diagnostics; this often, so the progress line's ticks are fresh.
+DIAGNOSTICS_PERIOD_SEC = 0.25
+
+
+def progress_text(bag_time: float, bag_duration: float, diag: Dict[str, str], diag_age_sec: Optional[float],
+                  received: int) -> str:
+    """One progress line: the node's own counts (one /diagnostics message, so ticks and published agree) and,
+    apart, the trajectories this monitor received live."""
+    if diag_age_sec is None:
+        node = 'node: no /diagnostics yet'
+    else:
+        node = (f'node: ticks {diag.get("ticks", "-")}, published {diag.get("chunks_published", "-")}, '
+                f'skipped {diag.get("ticks_skipped", "-")}, cache hit rate '
+                f'{float(diag.get("cache_hit_rate", 0)):.0%}, latency p50 '
+                f'{float(diag.get("latency_total_p50_ms", "nan")):.1f} ms ({diag_age_sec:.1f} s ago)')
+    return f'[demo] bag {bag_time:4.1f}/{bag_duration:.1f} s | {node} | received {received} trajectories'
 
 
 def start_server(checkpoint: Path, output: Path) -> Tuple[subprocess.Popen, Dict[str, object]]:
@@ -96,6 +115,7 @@ class Monitor:
         self.node = Node('vla_policy_demo_monitor', context=context,
                          parameter_overrides=[Parameter('use_sim_time', value=True)])
         self.diagnostics: Dict[str, str] = {}
+        self.diagnostics_at: Optional[float] = None      # time.monotonic() of the last /diagnostics
         self.trajectories = 0
         self.holds = 0
         self.first_stamp_ns: Optional[int] = None
@@ -126,6 +146,7 @@ class Monitor:
                 with self._lock:
                     self.diagnostics = {kv.key: kv.value for kv in status.values}
                     self.diagnostics['_message'] = status.message
+                    self.diagnostics_at = time.monotonic()
 
     def lifecycle_state(self, timeout: float = 2.0) -> str:
         from lifecycle_msgs.srv import GetState
@@ -145,11 +166,8 @@ class Monitor:
 
     def progress_line(self, bag_time: float, bag_duration: float) -> str:
         with self._lock:
-            diag = dict(self.diagnostics)
-            received = self.trajectories
-        return (f'[demo] bag {bag_time:4.1f}/{bag_duration:.1f} s | ticks {diag.get("ticks", "-")} | '
-                f'trajectories {received} | cache hit rate {float(diag.get("cache_hit_rate", 0)):.0%} | '
-                f'latency p50 {diag.get("latency_total_p50_ms", "-")} ms | skipped {diag.get("ticks_skipped", "-")}')
+            diag, at, received = dict(self.diagnostics), self.diagnostics_at, self.trajectories
+        return progress_text(bag_time, bag_duration, diag, None if at is None else time.monotonic() - at, received)
 
     def close(self) -> None:
         from .replay.bag_io import BagWriter

@@ -257,6 +257,13 @@ class InputBuffer:
             self._instruction = None
 
     # ---- reader (tick) ------------------------------------------------------------------------------
+    def drop_timed(self) -> None:
+        """Forget the camera frames and the joint state (stamped in a timeline the clock left: it jumped
+        back); the instruction and the operator's enable / e-stop stay (an e-stop must not be forgotten)."""
+        with self._lock:
+            self._cameras.clear()
+            self._joint_state = None
+
     def instruction(self) -> Optional[str]:
         """The latest instruction received, if any (diagnostics; a tick checks it in ``assemble``)."""
         with self._lock:

@@ -11,6 +11,7 @@ config/vla_policy.yaml and the README tables are generated from it
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import yaml
 
 from .backends import BACKENDS
 from .handover import CHUNKING_MODES, DELAY_MODES
+from .outputs import OUTPUT_TYPES, output_name_problem
 from .images import DEFAULT_MAX_PIXELS, MAX_PIXELS_LIMIT
 from .observation import MAX_INSTRUCTION_CHARS
 from .policy.relative_actions import relative_action_mask
@@ -94,8 +96,10 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec('dtype', 'auto', 'string', 'compute dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16',
               read_only=True, choices=('auto', 'float32', 'bfloat16')),
     ParamSpec('cpu_threads', 0, 'int',
-              'torch CPU threads; 0: torch default. 1-2 on a CPU-only machine shared with other processes.',
-              read_only=True, min_value=0, max_value=256),
+              'torch CPU threads. 0: auto, half the CPUs this process may use and at most all but 2 (at least '
+              '1), leaving room for the executor, the tick thread, camera drivers and the bag player (2 CPUs: '
+              '1 thread); -1: torch\'s own default (every core, which oversubscribes a small shared machine); '
+              'N: N threads.', read_only=True, min_value=-1, max_value=256),
     ParamSpec('pi05_padded_state_prompt', False, 'bool',
               'pi0.5 only: bin the state zero-padded to max_state_dim (32) into the prompt, as lerobot did from '
               '2025-10-02 (#1910) to 2026-03-05 (#2964). Set it only for checkpoints fine-tuned with lerobot '
@@ -123,8 +127,13 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec('joint_states_topic', 'joint_states', 'string', 'sensor_msgs/JointState feeding the state vector.',
               read_only=True),
     ParamSpec('trajectory_topic', DEFAULT_TRAJECTORY_TOPIC, 'string',
-              'trajectory_msgs/JointTrajectory output (a joint_trajectory_controller command topic).',
-              read_only=True),
+              'trajectory_msgs/JointTrajectory output (a joint_trajectory_controller command topic) of every '
+              'joint; not used when outputs is set.', read_only=True),
+    ParamSpec('outputs', None, 'string_array',
+              'Several controllers from one action vector (ros2_control YAML style): output names, each with '
+              '<name>.joints, <name>.type and <name>.topic; together the joints are a partition of '
+              'joint_names. Unset: one JointTrajectory of every joint on trajectory_topic.',
+              read_only=True, unique=True),
     ParamSpec('joint_names', None, 'string_array',
               'Joints commanded by the trajectory, one per action dimension of the checkpoint. Required '
               '(config/vla_policy.yaml ships the 6 joints of builtin:tiny and the sample bag).',
@@ -276,6 +285,54 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
 
+# Starting values for the first runs on a real arm, commented into config/vla_policy.yaml beside the
+# defaults (README "First run on a real arm": dry_run, then limits + deadman with a slow ramp, then live).
+FIRST_RUN: Dict[str, str] = {
+    'dry_run': 'true for the first run: everything is computed, checked and logged, nothing is sent',
+    'on_fault': 'hold',
+    'fault_hold_after_sec': '1.0 (a few ticks at the measured latency)',
+    'max_position_step': 'per joint, what the arm may move in one action_period_sec at a slow speed, e.g. '
+                         '0.5 rad/s x 0.02 s = 0.01 rad',
+    'max_velocity': 'per joint, 30-50% of the URDF velocity limits, e.g. [0.5, 0.5, 0.5, 0.8, 0.8, 0.8]',
+    'limit_mode': 'hold while a checkpoint is new (a refusal stops the arm and logs why); clamp or stretch '
+                  'once its motion is trusted',
+    'joint_lower_limits': 'the URDF lower limits plus a margin (0.05 rad)',
+    'joint_upper_limits': 'the URDF upper limits minus a margin (0.05 rad)',
+    'require_enable': 'true: a deadman (a held button publishing true at 10-20 Hz on enable_topic)',
+    'enable_timeout_sec': '0.3 with a 10-20 Hz deadman publisher',
+    'ramp_in_sec': '3.0 for the first live runs (blend from where the arm is), then 1.0',
+}
+
+# The sub-parameters of every name in `outputs` (`arm.joints`, `arm.type`, `arm.topic`), as
+# ros2_control's controller YAML nests them. Templates: ``output_specs`` names them per output.
+OUTPUT_FIELDS: Tuple[ParamSpec, ...] = (
+    ParamSpec('joints', None, 'string_array',
+              'The joints of joint_names this output commands, in the order its message lists them.',
+              read_only=True, required=True, unique=True),
+    ParamSpec('type', 'joint_trajectory', 'string',
+              'joint_trajectory (trajectory_msgs/JointTrajectory: every point of the plan, for a '
+              'joint_trajectory_controller) or float64_multi_array (std_msgs/Float64MultiArray: one position '
+              'per joint, the first point not yet due at publication, for a forward_command_controller such as '
+              'a position gripper).', read_only=True, choices=OUTPUT_TYPES),
+    ParamSpec('topic', '', 'string',
+              'Command topic; empty: <name>_controller/joint_trajectory (joint_trajectory) or '
+              '<name>_controller/commands (float64_multi_array).', read_only=True),
+)
+OUTPUT_PLACEHOLDER = '<output>'
+
+
+def output_specs(outputs: Any) -> Tuple[ParamSpec, ...]:
+    """The concrete sub-parameters (``<name>.<field>``) of the names in ``outputs`` (none while unset or bad)."""
+    if not isinstance(outputs, (list, tuple)) or not all(isinstance(name, str) for name in outputs):
+        return ()
+    usable = [name for name in outputs if name == OUTPUT_PLACEHOLDER or output_name_problem(name, SPECS) is None]
+    return tuple(dataclasses.replace(field, name=f'{name}.{field.name}') for name in usable for field in OUTPUT_FIELDS)
+
+
+def all_specs(values: Mapping[str, Any]) -> Tuple[ParamSpec, ...]:
+    """The table plus the sub-parameters of the outputs ``values`` names."""
+    return PARAMETERS + output_specs(values.get('outputs'))
+
 
 # ---- validation ------------------------------------------------------------------------------------
 
@@ -286,8 +343,10 @@ def is_unset(value: Any) -> bool:
 
 def effective(values: Mapping[str, Any], name: str, config: Any = None) -> Any:
     """A parameter's value after its fallbacks (state_joint_names -> joint_names; cameras -> the checkpoint's)."""
-    spec = SPECS[name]
+    spec = SPECS.get(name)
     value = values.get(name)
+    if spec is None:                        # an output's sub-parameter: no fallbacks
+        return value
     if is_unset(value) and spec.falls_back_to:
         return effective(values, spec.falls_back_to, config)
     if is_unset(value) and spec.model_default and config is not None:
@@ -373,12 +432,52 @@ def problems(values: Mapping[str, Any], config: Any = None) -> List[str]:
     """Every reason to refuse ``values`` (one line each, naming the parameter); with ``config``, also
     the rules against the loaded checkpoint (joint counts, camera names, chunk size)."""
     found = []
-    for spec in PARAMETERS:
+    for spec in all_specs(values):
         problem = value_problem(spec, values.get(spec.name)) or _relation_problem(spec, values, config)
         if problem:
             found.append(problem)
+    found += _outputs_problems(values) if not found else []
     relative = _relative_action_problem(values, config) if not found else None
     return found + ([relative] if relative else [])
+
+
+def _outputs_problems(values: Mapping[str, Any]) -> List[str]:
+    """Output names usable as parameter names; their joints a partition of joint_names; one topic each."""
+    outputs = values.get('outputs')
+    if is_unset(outputs):
+        return []
+    found = [problem for problem in (output_name_problem(name, SPECS) for name in outputs) if problem]
+    if found:
+        return found
+    joints = list(values.get('joint_names') or [])
+    owner: Dict[str, str] = {}
+    for name in outputs:
+        for joint in values[f'{name}.joints']:
+            if joint not in joints:
+                found.append(f'{name}.joints names {joint!r}, which is not in joint_names {joints}')
+            elif joint in owner:
+                found.append(f'joint {joint!r} is in both {owner[joint]}.joints and {name}.joints: each joint '
+                             'belongs to one output')
+            else:
+                owner[joint] = name
+    missing = [joint for joint in joints if joint not in owner]
+    if missing and not found:
+        found.append(f'joints {missing} of joint_names are in no output ({", ".join(outputs)}): every joint '
+                     'belongs to one output')
+    topics = [effective_output_topic(values, name) for name in outputs]
+    repeated = sorted({topic for topic in topics if topics.count(topic) > 1})
+    if repeated:
+        found.append(f'outputs share the topic {repeated}: one controller topic per output')
+    return found
+
+
+def effective_output_topic(values: Mapping[str, Any], name: str) -> str:
+    """``<name>.topic``, or the ros2_control default of its type when empty."""
+    topic = values.get(f'{name}.topic') or ''
+    if topic:
+        return topic
+    suffix = 'commands' if values.get(f'{name}.type') == 'float64_multi_array' else 'joint_trajectory'
+    return f'{name}_controller/{suffix}'
 
 
 def _relative_action_problem(values: Mapping[str, Any], config: Any) -> Optional[str]:
@@ -404,10 +503,26 @@ def validate(values: Mapping[str, Any], config: Any = None) -> None:
 
 def resolve_values(overrides: Mapping[str, Any]) -> Dict[str, Any]:
     """Every parameter's value: the override where given, else the table default. Unknown names are refused."""
-    unknown = sorted(set(overrides) - set(SPECS) - set(ROS_PARAMETERS))
+    specs = all_specs(overrides)
+    unknown = sorted(set(overrides) - {spec.name for spec in specs} - set(ROS_PARAMETERS))
     if unknown:
-        raise ParameterError(f'unknown parameter(s) {unknown}')
-    return {spec.name: overrides.get(spec.name, spec.default) for spec in PARAMETERS}
+        outputs = overrides.get('outputs')
+        hint = (f' (outputs is {list(outputs)}: <name>.joints, <name>.type and <name>.topic exist for those names)'
+                if any('.' in name for name in unknown) else '') if outputs else ''
+        raise ParameterError(f'unknown parameter(s) {unknown}{hint}')
+    return {spec.name: overrides.get(spec.name, spec.default) for spec in specs}
+
+
+def flatten(block: Mapping[str, Any], prefix: str = '') -> Dict[str, Any]:
+    """Nested ros__parameters mappings as rcl reads them: ``arm: {joints: [...]}`` is ``arm.joints``."""
+    flat: Dict[str, Any] = {}
+    for key, value in block.items():
+        name = f'{prefix}{key}'
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + '.'))
+        else:
+            flat[name] = value
+    return flat
 
 
 def load_params_file(path: Path, node_name: str = NODE_NAME) -> Dict[str, Any]:
@@ -424,7 +539,7 @@ def load_params_file(path: Path, node_name: str = NODE_NAME) -> Dict[str, Any]:
     for section in ('/**', f'/**/{node_name}', node_name, f'/{node_name}'):
         block = document.get(section)
         if isinstance(block, dict):
-            merged.update(block.get('ros__parameters') or {})
+            merged.update(flatten(block.get('ros__parameters') or {}))
     return merged
 
 
@@ -442,7 +557,7 @@ def markdown_table() -> str:
     """README table of every parameter, generated from PARAMETERS."""
     lines = ['| parameter | type | default | live | range / choices | description |',
              '|---|---|---|---|---|---|']
-    for spec in PARAMETERS:
+    for spec in PARAMETERS + output_specs([OUTPUT_PLACEHOLDER]):
         if spec.choices:
             bounds = ', '.join(spec.choices)
         elif spec.min_value is not None:
@@ -466,6 +581,9 @@ TOPICS: Tuple[Tuple[str, str, str, str], ...] = (
     ('in', '`/clock` (with `use_sim_time`)', 'rosgraph_msgs/Clock', 'ROS default'),
     ('out', f'`{DEFAULT_TRAJECTORY_TOPIC}` (`trajectory_topic`)', 'trajectory_msgs/JointTrajectory',
      'reliable, depth 10 (lifecycle publisher: only while active)'),
+    ('out', 'with `outputs`, instead: `<name>.topic` per output (default `<name>_controller/joint_trajectory` '
+     'or `<name>_controller/commands`)', 'trajectory_msgs/JointTrajectory or std_msgs/Float64MultiArray '
+     '(`<name>.type`)', 'reliable, depth 10 (lifecycle publishers: only while active)'),
     ('out', '`/diagnostics` (status name `<node>: policy`, e.g. `/arm/vla_policy: policy`)',
      'diagnostic_msgs/DiagnosticArray', 'reliable, depth 10, every `diagnostics_period_sec`'),
     ('srv', '`~/change_state`, `~/get_state`, ... (`/vla_policy/...` in the root namespace)', 'lifecycle_msgs',
@@ -486,15 +604,31 @@ def yaml_document(section: str = f'/**/{NODE_NAME}') -> List[str]:
              '#   python -m vla_policy_node.params --yaml > config/vla_policy.yaml',
              '# It runs as is (`vla_policy_node --ros-args --params-file config/vla_policy.yaml`) with the',
              '# embedded builtin:tiny checkpoint (RANDOM weights); for a robot set checkpoint_path and joint_names.',
+             '# "FIRST RUN ON A REAL ARM" comments give safe starting values for the safety parameters (README',
+             '# "First run on a real arm"); the values set here are the defaults, which limit nothing.',
              f'# "{section}" matches the node in any namespace.',
              f'{section}:', '  ros__parameters:']
     for spec in PARAMETERS:
         lines.append(f'    # {spec.description}' + (' (restart to change)' if spec.read_only else ''))
+        if spec.name in FIRST_RUN:
+            lines.append(f'    # FIRST RUN ON A REAL ARM: {FIRST_RUN[spec.name]}')
         value = spec.default if spec.shipped is None else spec.shipped
         if value is None:
             lines.append(f'    # {spec.name}: []')
         else:
             lines.append(f'    {spec.name}: {_yaml_value(value)}')
+        if spec.name == 'outputs':
+            lines += _outputs_example()
+    return lines
+
+
+def _outputs_example() -> List[str]:
+    """Commented sub-parameters under `outputs` (the README has full UR + gripper and bimanual examples)."""
+    lines = ['    # Per output name, e.g. outputs: [arm, gripper] (ros2_control style, nested or `arm.joints: [...]`):']
+    for field in OUTPUT_FIELDS:
+        value = _yaml_value(field.default) if field.default is not None else '[]'
+        choices = f'   # {" or ".join(field.choices)}' if field.choices else ''
+        lines.append(f'    #   arm.{field.name}: {value}{choices}')
     return lines
 
 

@@ -8,7 +8,8 @@ every control-timer period, so a stuck tick cannot keep the arm moving.
     ACTIVE     activation; a released hold; an e-stop reset        -
     HELD       a skipped tick (on_fault hold); no valid trajectory  by itself when a tick gives a valid
                for fault_hold_after_sec; a trajectory refused by    trajectory again (the deadman: when
-               the limits (limit_mode hold); the deadman; deactivate enable is back); deactivate: activate
+               the limits (limit_mode hold); the deadman; ROS time  enable is back); deactivate: activate
+               jumping back; deactivate
     ESTOP      e-stop input true                                   only reset_estop, with the input false
 
 On entry into HELD or ESTOP one hold trajectory is published: the arm stays where it is
@@ -59,6 +60,7 @@ class HoldReason(TextEnum):
     DEADMAN = 'deadman'
     INACTIVE = 'inactive'
     ESTOP = 'estop'
+    CLOCK_JUMP = 'clock_jump'
 
 
 class PlanKind(enum.Enum):
@@ -242,6 +244,19 @@ class SafetySupervisor:
                              f'no valid trajectory for {(now_ns - self._last_valid_ns) / NS_PER_SEC:.2f} s '
                              f'(fault_hold_after_sec {settings.fault_hold_after_sec})')
         self._retry_pending_hold(joint_names, measured, settings, review)
+
+    def clock_jumped(self, joint_names: Sequence[str], measured: Measured, settings: SafetySettings, now_ns: int,
+                     why: str) -> Review:
+        """ROS time jumped back (a bag played again, a simulator reset): what was executing belongs to the
+        timeline the clock left, so hold (once) until a tick gives a valid trajectory in the new one."""
+        with self._lock:
+            review = Review()
+            self._last_valid_ns = now_ns
+            if self.state is SupervisorState.ESTOP or (self.state is SupervisorState.HELD
+                                                       and self.reason is HoldReason.INACTIVE):
+                return review
+            self._enter_hold(HoldReason.CLOCK_JUMP, joint_names, measured, settings, review, why)
+            return review
 
     def reset_estop(self, operator: OperatorInputs, now_ns: int) -> Tuple[bool, str]:
         """The operator's reset: allowed only while latched and with the e-stop input false."""

@@ -13,13 +13,15 @@ same thing on the robot and in a replay, checked in the same order.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .backends import load_backend
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
-from .params import BUILTIN_TINY, effective, validate
+from .outputs import Output, build_outputs
+from .params import BUILTIN_TINY, effective, effective_output_topic, validate
 from .policy.config import PolicyConfig
 from .policy.rtc import RTCSettings
 from .policy.tiny_default import builtin_tiny_checkpoint
@@ -36,6 +38,7 @@ class Configured:
     runtime: Any
     layout: InputLayout
     settings: TickSettings
+    outputs: Tuple[Output, ...] = ()    # the controllers the plan is split between (one without `outputs`)
 
 
 def absolute_topic(name: str, namespace: str = '/') -> str:
@@ -107,9 +110,32 @@ def rtc_settings(values: Mapping[str, Any]) -> Optional[RTCSettings]:
                        execution_horizon=values['rtc_execution_horizon'])
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: taskset, cgroup cpusets), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_threads(setting: int, cpus: Optional[int] = None) -> int:
+    """torch's CPU threads for the cpu_threads parameter: 0 auto, -1 torch's default (returned as 0), N.
+
+    auto: half the usable CPUs and at most all but two, at least one. The other CPUs are for the
+    executor (subscriptions, timers), the tick thread, the camera drivers and a bag player: torch's
+    default of one spinning OpenMP thread per core made the tiny denoise 11x slower on 2 shared cores.
+    """
+    if setting > 0:
+        return int(setting)
+    if setting < 0:
+        return 0
+    cpus = usable_cpus() if cpus is None else cpus
+    return max(1, min(cpus // 2, cpus - 2))
+
+
 def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
     """The runtime a set of parameter values describes (checkpoint, device, dtype, cache, threads)."""
-    set_cpu_threads(values['cpu_threads'])
+    set_cpu_threads(cpu_threads(values['cpu_threads']))
     checkpoint = values['checkpoint_path']
     path = builtin_tiny_checkpoint() if checkpoint == BUILTIN_TINY else Path(checkpoint)
     return PolicyRuntime.from_pretrained(path, device=values['device'], dtype=values['dtype'],
@@ -146,11 +172,18 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
         config = runtime.config
         validate(values, config)
         layout = input_layout(values, config, resolve)
+        outputs = build_outputs(values, resolve, effective_output_topic)
+        threads = cpu_threads(values['cpu_threads'])
+        info(f'torch CPU threads: {threads or "torch default"} (cpu_threads {values["cpu_threads"]}, '
+             f'{usable_cpus()} usable CPUs)')
         info(f'{runtime.summary()}; cameras {[camera.topic for camera in layout.cameras]}')
         warm = runtime.warmup() if values['warmup'] else None
         if warm is not None:
             info(f'warm-up chunk in {warm.total_ms:.1f} ms')
-        return Configured(runtime, layout, tick_settings(values, layout))
+        if values.get('outputs'):
+            info('outputs: ' + '; '.join(f'{output.name} -> {output.topic} ({output.kind}: {list(output.joints)})'
+                                         for output in outputs))
+        return Configured(runtime, layout, tick_settings(values, layout), outputs)
     except BaseException:
         runtime.close()
         raise

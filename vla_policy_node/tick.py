@@ -216,6 +216,18 @@ class TickEngine:
         return self.supervisor.deactivate(settings.joint_names, self.measured(buffer, settings, now_ns),
                                           settings.safety)
 
+    def clock_jumped(self, buffer: InputBuffer, settings: TickSettings, now_ns: int, back_sec: float) -> Review:
+        """ROS time jumped back by ``back_sec``: hold where the arm was last measured, drop the frames and the
+        joint state of the old timeline (stamped in the new one's future: camera_future, camera_skew) and the
+        executing chunk; ticks go on as soon as new inputs arrive."""
+        measured = buffer.measured(settings.joint_names, settings.layout.joint_states.topic, float('inf'), now_ns)
+        buffer.drop_timed()
+        self.handover.reset()
+        return self.supervisor.clock_jumped(
+            settings.joint_names, measured, settings.safety, now_ns,
+            f'ROS time jumped back by {back_sec:.2f} s (a bag played again or looped, a simulator reset): inputs '
+            'received before the jump are dropped')
+
     def supervise(self, buffer: InputBuffer, settings: TickSettings, now_ns: int) -> Review:
         """Operator inputs and the no-trajectory timeout between ticks (on an operator message, each period)."""
         review = self.supervisor.supervise(buffer.operator_inputs(now_ns), settings.joint_names,

@@ -176,6 +176,18 @@ class PolicyFamily(ABC):
     tokenizer_hint: ClassVar[str] = ''
 
     @classmethod
+    def config_fields(cls) -> Mapping[str, Any]:
+        """config.json field -> its ConfigField (how it is handled) for this family: the checkpoint doctor lists
+        every refusal from it, where parse_config stops at the first."""
+        return {}
+
+    @classmethod
+    def folder_config(cls, folder: Path, raw: Mapping[str, Any]) -> Any:
+        """The family config of a folder, from config.json ``raw`` and whatever else the family reads beside it
+        (no weights); ConfigError / CheckpointError as ``load_checkpoint`` gives them."""
+        return cls.parse_config(raw)
+
+    @classmethod
     def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
              tokenizer_path: Optional[Path] = None, **options: Any) -> 'PolicyFamily':
         """A lerobot ``pretrained_model/`` folder -> a loaded policy (strict: refusals name what is wrong)."""
@@ -185,7 +197,8 @@ class PolicyFamily(ABC):
         tokenizer_file = tokenizer_path or loaded.tokenizer_path
         if tokenizer_file is None:
             raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at '
-                                 f'{cls.tokenizer_hint}')
+                                 f'{cls.tokenizer_hint}, or run `vla_policy_check_checkpoint {folder}`: it prints '
+                                 'the command that fetches it')
         tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
         if tokenizer.vocab_size > loaded.config.vocab_size:
             raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '

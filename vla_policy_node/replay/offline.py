@@ -5,7 +5,8 @@
 Messages are fed to the same InputBuffer the node's callbacks fill; control
 ticks run at ``control_rate_hz`` on bag time through the same TickEngine
 (assembly checks, runtime, trajectory building). Outputs in OUT/:
-  trajectories/   rosbag2 with the JointTrajectory messages, stamped in bag time
+  trajectories/   rosbag2 with what went to the controllers, one topic per output (`outputs`; without it,
+                  the JointTrajectory topic), stamped in bag time
   summary.json    ticks, skips by reason, cache figures, latency p50/p95/max,
                   per-joint error against a recorded command topic when present
   chunks.png      predicted chunks over recorded joint positions, per joint
@@ -22,19 +23,19 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ..observation import InputBuffer, InputKind, SkipTick, joint_positions
-from ..params import DEFAULT_TRAJECTORY_TOPIC, ParameterError, load_params_file, resolve_values, validate
+from ..outputs import split
+from ..params import ParameterError, load_params_file, resolve_values, validate
 from ..policy.checkpoint import CheckpointError
 from ..policy.config import ConfigError
 from ..policy.tokenizer import TokenizerError
 from ..safety import PlanKind, Review
-from ..settings import Configured, absolute_topic, configure
+from ..settings import Configured, configure
 from ..tick import TickEngine, TickOutcome
 from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
 from .report import ReplayResult, TickRecord, write_report
-from .rosbags_msgs import joint_trajectory
+from .rosbags_msgs import output_message
 
 NS_PER_SEC = 1_000_000_000
-TRAJECTORY_TYPE = 'trajectory_msgs/msg/JointTrajectory'
 DEFAULT_COMMAND_TOPIC = '/joint_command'
 
 
@@ -57,6 +58,7 @@ class OfflineReplay:
         self.runtime = configured.runtime
         self.layout = configured.layout
         self.settings = configured.settings
+        self.outputs = configured.outputs
         self.values = dict(values)
         # configure resolved the layout's topics in the root namespace: the absolute names a bag records.
         self.inputs = self.layout.by_topic()
@@ -71,12 +73,13 @@ class OfflineReplay:
         """Cameras and joint states must be in the bag; the instruction may come from the parameter."""
         return {entry.topic: entry.msg_type for entry in self.layout.cameras + (self.layout.joint_states,)}
 
-    def _tick(self, time_ns: int, writer: BagWriter, topic: str) -> TickRecord:
+    def _tick(self, time_ns: int, writer: BagWriter) -> TickRecord:
         # The replay ticks on the timer grid: a slow simulated tick does not delay the next one.
         outcome: TickOutcome = self.engine.run(self.buffer, self.settings, time_ns,
                                                clock=lambda: time_ns + self.latency_ns)
-        record = TickRecord(time_ns=time_ns, supervisor=self.engine.supervisor.label)
-        self._publish(outcome.review, outcome.publish_ns or time_ns, writer, topic, record)
+        record = TickRecord(time_ns=time_ns, supervisor=self.engine.supervisor.label,
+                            publish_ns=outcome.publish_ns or time_ns)
+        self._publish(outcome.review, outcome.publish_ns or time_ns, writer, record)
         if outcome.skip is not None:
             record.skipped = outcome.skip.reason.value
             return record
@@ -91,14 +94,19 @@ class OfflineReplay:
             record.plan_positions = plan.positions
         return record
 
-    def _publish(self, review: Review, time_ns: int, writer: BagWriter, topic: str,
-                 record: Optional[TickRecord] = None) -> None:
-        """What the supervisor lets out goes into the output bag at its publication time, as the node sends it."""
+    def _publish(self, review: Review, time_ns: int, writer: BagWriter, record: Optional[TickRecord] = None) -> None:
+        """What the supervisor lets out goes into the output bag at its publication time, as the node sends it:
+        one message per output, all from the one plan."""
         if review.kind is PlanKind.HOLD and record is not None:
             record.hold = True
         if review.plan is None or self.values['dry_run']:
             return
-        if self.engine.supervisor.release(review, lambda plan: writer.write(topic, time_ns, joint_trajectory(plan))):
+
+        def write(plan) -> None:
+            for output, command in split(plan, self.outputs, time_ns):
+                writer.write(output.topic, time_ns, output_message(output, command))
+
+        if self.engine.supervisor.release(review, write):
             self.engine.stats.record_published(review.kind)
 
     def run(self, bag: Path, output: Path, command_topic: Optional[str] = None,
@@ -112,12 +120,12 @@ class OfflineReplay:
         if command_topic:
             wanted.add(command_topic)
         output.mkdir(parents=True, exist_ok=True)
-        trajectory_topic = absolute_topic(self.values['trajectory_topic'] or DEFAULT_TRAJECTORY_TOPIC)
         records: List[TickRecord] = []
         recorded_t, recorded_p, command_t, command_p = [], [], [], []
         messages = read_messages(bag, sorted(wanted))
         with BagWriter(output / 'trajectories', storage=storage_of(bag)) as writer:
-            writer.add_topic(trajectory_topic, TRAJECTORY_TYPE)
+            for entry in self.outputs:
+                writer.add_topic(entry.topic, entry.msg_type)
             next_tick: Optional[int] = None
             for message in _progress(messages, progress, bag):
                 if next_tick is None:
@@ -125,7 +133,7 @@ class OfflineReplay:
                     self.engine.activate(message.timestamp_ns)       # as the node activates before its ticks
                 # Ticks due before this message see the inputs received so far, as on the robot.
                 while next_tick <= message.timestamp_ns:
-                    records.append(self._tick(next_tick, writer, trajectory_topic))
+                    records.append(self._tick(next_tick, writer))
                     next_tick += self.period_ns
                 msg = message.msg
                 entry = self.inputs.get(message.topic)
@@ -133,7 +141,7 @@ class OfflineReplay:
                     self.buffer.put(entry, msg, message.timestamp_ns)
                     if entry.kind in (InputKind.ENABLE, InputKind.ESTOP):    # an e-stop holds now, as on the robot
                         self._publish(self.engine.supervise(self.buffer, self.settings, message.timestamp_ns),
-                                      message.timestamp_ns, writer, trajectory_topic)
+                                      message.timestamp_ns, writer)
                 if message.topic == state_topic:
                     recorded_t.append(message.timestamp_ns)
                     recorded_p.append(_recorded_positions(msg, names, state_topic))

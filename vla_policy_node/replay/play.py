@@ -32,6 +32,10 @@ CLOCK_PERIOD_SEC = 0.01
 DISCOVERY_SETTLE_SEC = 0.3
 # How long to wait at the end for reliable subscribers to acknowledge.
 ACK_TIMEOUT_SEC = 1.0
+# The command line waits this long (by default) for a subscriber before the first message: a node
+# started just before subscribes only once it is configured (model loaded, warmed up), and a bag's
+# t=0 instruction, published once, would otherwise go to nobody.
+DEFAULT_WAIT_FOR_SUBSCRIBERS_SEC = 10.0
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -232,9 +236,16 @@ def _run_player(node: Node, bag_path: PathLike, topic_types: Dict[str, str], rat
                 on_progress: Optional[ProgressCallback], wait_for_subscribers: float,
                 stop_event: Optional[threading.Event]) -> int:
     player = _Player(node, topic_types, rate, clock, clock_topic, stop_event)
-    if wait_for_subscribers > 0 and not player.wait_for_subscribers(wait_for_subscribers):
-        node.get_logger().warning(
-            f'no subscriber after {wait_for_subscribers:g} s; playing anyway')
+    if wait_for_subscribers > 0:
+        logger = node.get_logger()
+        logger.info(f'waiting up to {wait_for_subscribers:g} s for a subscriber of the bag\'s topics '
+                    '(--wait-for-subscribers 0 starts at once)')
+        if player.wait_for_subscribers(wait_for_subscribers):
+            unheard = [topic for topic, count in zip(player.publishers, player.subscriber_counts()) if not count]
+            logger.info('subscribed: playing' + (f' (no subscriber on {", ".join(unheard)})' if unheard else ''))
+        else:
+            logger.warning(f'no subscriber after {wait_for_subscribers:g} s; playing anyway (is the node running, '
+                           'configured, on this ROS_DOMAIN_ID?)')
     total = 0
     while True:
         published = player.play_once(bag_path, on_progress, total)
@@ -262,8 +273,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument('--no-clock', action='store_true', help='do not publish /clock')
     parser.add_argument('--clock-topic', default=CLOCK_TOPIC)
     parser.add_argument('--loop', action='store_true', help='replay until interrupted')
-    parser.add_argument('--wait-for-subscribers', type=float, default=0.0, metavar='S',
-                        help='wait up to S seconds for a subscriber before starting')
+    parser.add_argument('--wait-for-subscribers', type=float, default=DEFAULT_WAIT_FOR_SUBSCRIBERS_SEC, metavar='S',
+                        help='wait up to S seconds for a subscriber before the first message (default '
+                             f'{DEFAULT_WAIT_FOR_SUBSCRIBERS_SEC:g}; 0: start at once)')
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""Replay report: summary.json and the two plots."""
+"""Replay report: summary.json and the plots (chunks.png, latency.png, handover.png)."""
 from __future__ import annotations
 
 import json
@@ -31,6 +31,7 @@ class TickRecord:
     handover: Optional[HandoverMetrics] = None   # this trajectory taking over from the previous one
     supervisor: str = 'active'                   # the safety supervisor's state after the tick
     hold: bool = False                           # a hold trajectory went out at this tick
+    publish_ns: int = 0                          # when its trajectory went out (takes over the previous one)
 
 
 @dataclass
@@ -142,14 +143,39 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
     }
 
 
-def plot_chunks(result: ReplayResult, path: Path) -> None:
+# Full chunks drawn in chunks.png: about this many, evenly spaced, so each one can be followed.
+FULL_CHUNKS_SHOWN = 6
+
+
+def executed_parts(result: ReplayResult) -> List[tuple]:
+    """Per published policy chunk: (due times [s, bag time], positions) of the points the controller executes,
+    i.e. those due before the next trajectory (a chunk or a hold) takes over; the last one runs to its end."""
+    takeovers = [r.publish_ns for r in result.records if r.plan_positions is not None or r.hold]
+    parts = []
+    for record in (r for r in result.records if r.plan_positions is not None):
+        due_ns = record.plan_start_ns + record.plan_times_sec * NS_PER_SEC
+        later = [t for t in takeovers if t > record.publish_ns]
+        keep = due_ns <= later[0] if later else np.ones(due_ns.shape, dtype=bool)
+        # The point the next trajectory takes over between is kept, so consecutive parts join up.
+        cut = int(keep.sum())
+        keep[:min(cut + 1, keep.size)] = True
+        parts.append((due_ns[keep], record.plan_positions[keep]))
+    return parts
+
+
+def chunks_figure(result: ReplayResult):
+    """Per joint: the recorded joints, what the controller executes (each chunk until the next takes over, as
+    one line, hand-overs marked), every k-th chunk in full (faint), held spans shaded; the legend above."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     joints = len(result.joint_names)
     start = _start_ns(result)
-    fig, axes = plt.subplots(joints, 1, figsize=(10, 1.8 * joints + 1), sharex=True, squeeze=False)
+    published = [r for r in result.records if r.plan_positions is not None]
+    every = max(1, int(np.ceil(len(published) / FULL_CHUNKS_SHOWN)))
+    parts = executed_parts(result)
+    fig, axes = plt.subplots(joints, 1, figsize=(10, 1.8 * joints + 1.6), sharex=True, squeeze=False)
     for j, (axis, name) in enumerate(zip(axes[:, 0], result.joint_names)):
         if result.recorded_times_ns.size:
             axis.plot((result.recorded_times_ns - start) / NS_PER_SEC, result.recorded_positions[:, j],
@@ -157,42 +183,66 @@ def plot_chunks(result: ReplayResult, path: Path) -> None:
         if result.command_times_ns.size:
             axis.plot((result.command_times_ns - start) / NS_PER_SEC, result.command_positions[:, j],
                       color='grey', linestyle='--', linewidth=1.0, label='recorded command')
-        for k, record in enumerate(r for r in result.records if r.plan_positions is not None):
+        for k, record in enumerate(published[::every]):
             due = (record.plan_start_ns - start) / NS_PER_SEC + record.plan_times_sec
-            axis.plot(due, record.plan_positions[:, j], color='tab:blue', alpha=0.5, linewidth=0.9,
-                      label='predicted chunks' if k == 0 else None)
+            axis.plot(due, record.plan_positions[:, j], color='tab:purple', alpha=0.45, linewidth=0.9,
+                      label=(f'every {_ordinal(every)} chunk in full' if every > 1 else 'every chunk in full')
+                      if k == 0 else None)
+        if parts:
+            # One line, as the controller is commanded: each chunk until the next takes over, the jump between.
+            times = np.concatenate([(due_ns - start) / NS_PER_SEC for due_ns, _ in parts])
+            axis.plot(times, np.concatenate([positions[:, j] for _, positions in parts]), color='tab:blue',
+                      linewidth=1.4, label='executed: each chunk until the next takes over')
+            axis.plot([(due_ns[0] - start) / NS_PER_SEC for due_ns, _ in parts[1:]],
+                      [positions[0, j] for _, positions in parts[1:]], 'o', color='tab:blue', markersize=2.5,
+                      label='hand-over (a new chunk starts)')
         for k, (begin, end) in enumerate(_held_spans(result, start)):
             axis.axvspan(begin, end, color='tab:red', alpha=0.15, label='held (safety)' if k == 0 else None)
         axis.set_ylabel(f'{name}\n[rad]')
-    axes[0, 0].legend(loc='upper right', fontsize='small')
     axes[-1, 0].set_xlabel('bag time [s]')
+    handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.suptitle('published action chunks vs recorded joints')
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    height = fig.get_figheight()
+    fig.legend(handles, labels, loc='upper center', ncol=3, fontsize='small', frameon=False,
+               bbox_to_anchor=(0.5, 1.0 - 0.4 / height))
+    fig.tight_layout(rect=(0, 0, 1, 1.0 - 0.7 / height))
+    return fig
 
 
-def plot_latency(result: ReplayResult, path: Path) -> None:
+def _ordinal(number: int) -> str:
+    suffix = 'th' if 10 <= number % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th')
+    return f'{number}{suffix}'
+
+
+def latency_figure(result: ReplayResult):
+    """Compute time per tick (hits and misses marked, skipped ticks at 0) with its p50 and p95 as lines."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     start = _start_ns(result)
-    fig, axis = plt.subplots(figsize=(10, 3.5))
+    fig, axis = plt.subplots(figsize=(10, 3.8))
+    computed = [r for r in result.records if r.cache_hit is not None]
     for hit, color, label in ((False, 'tab:red', 'cache miss'), (True, 'tab:green', 'cache hit')):
-        chosen = [r for r in result.records if r.cache_hit is hit]
+        chosen = [r for r in computed if r.cache_hit is hit]
         axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in chosen],
-                     [sum(r.timings_ms.values()) for r in chosen], s=14, color=color, label=label)
+                     [sum(r.timings_ms.values()) for r in chosen], s=14, color=color, label=f'{label} ({len(chosen)})')
     skipped = [r for r in result.records if r.skipped]
     if skipped:
         axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in skipped], [0.0] * len(skipped), marker='x',
-                     color='grey', label='skipped tick')
+                     color='grey', label=f'skipped tick ({len(skipped)})')
+    totals = np.array([sum(r.timings_ms.values()) for r in computed])
+    if totals.size:
+        for quantile, style in ((50, '-'), (95, '--')):
+            value = float(np.percentile(totals, quantile))
+            axis.axhline(value, color='tab:blue', linestyle=style, linewidth=1.0, label=f'p{quantile} {value:.1f} ms')
+    axis.set_ylim(bottom=0)
     axis.set_xlabel('bag time [s]')
     axis.set_ylabel('latency per tick [ms]')
-    axis.legend(loc='upper right', fontsize='small')
+    axis.set_title(f'inference latency per tick (measured compute time), {len(result.records)} ticks')
+    axis.legend(loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize='small', frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def _held_spans(result: ReplayResult, start: int) -> List[tuple]:
@@ -217,7 +267,7 @@ def _start_ns(result: ReplayResult) -> int:
     return int(min(candidates)) if candidates else 0
 
 
-def plot_handovers(result: ReplayResult, path: Path) -> None:
+def handover_figure(result: ReplayResult):
     """Consecutive published trajectories overlaid (alternating colours, take-over points marked) per joint,
     and the jump of every hand-over over time."""
     import matplotlib
@@ -240,12 +290,32 @@ def plot_handovers(result: ReplayResult, path: Path) -> None:
     jump_axis = axes[joints, 0]
     jump_axis.plot([(r.plan_start_ns - start) / NS_PER_SEC + r.plan_times_sec[0] for r in handovers],
                    [r.handover.jump_max for r in handovers], 'o-', color='tab:red', markersize=3)
-    jump_axis.set_ylabel('jump\n(max joint)')
+    jump_axis.set_ylim(bottom=0, top=max([r.handover.jump_max for r in handovers] + [0.0]) * 1.15 or None)
+    jump_axis.set_ylabel('jump [rad]\n(largest joint)')
+    jump_axis.set_title('largest per-joint jump at each hand-over (0 = seamless)', fontsize='small')
     jump_axis.set_xlabel('bag time [s]')
     fig.suptitle('consecutive trajectories at hand-over (dots: where each new one takes over)')
     fig.tight_layout()
+    return fig
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_chunks(result: ReplayResult, path: Path) -> None:
+    save_figure(chunks_figure(result), path)
+
+
+def plot_latency(result: ReplayResult, path: Path) -> None:
+    save_figure(latency_figure(result), path)
+
+
+def plot_handovers(result: ReplayResult, path: Path) -> None:
+    save_figure(handover_figure(result), path)
 
 
 def write_report(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,

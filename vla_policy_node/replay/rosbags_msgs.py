@@ -20,9 +20,22 @@ def joint_trajectory(plan: TrajectoryPlan):
     point_type = types['trajectory_msgs/msg/JointTrajectoryPoint']
     duration_type = types['builtin_interfaces/msg/Duration']
     empty = np.zeros(0, dtype=np.float64)
-    points = [point_type(positions=np.asarray(positions, dtype=np.float64),
-                         velocities=np.asarray(velocities, dtype=np.float64), accelerations=empty, effort=empty,
+    points = [point_type(positions=np.ascontiguousarray(positions, dtype=np.float64),
+                         velocities=np.ascontiguousarray(velocities, dtype=np.float64),
+                         accelerations=empty, effort=empty,
                          time_from_start=duration_type(**_split_ns(int(round(float(t) * NS_PER_SEC)))))
               for t, positions, velocities in zip(plan.times_sec, plan.positions, plan.velocities)]
     trajectory_type = types['trajectory_msgs/msg/JointTrajectory']
     return trajectory_type(header=header, joint_names=list(plan.joint_names), points=points)
+
+
+def float64_multi_array(values) -> object:
+    """std_msgs/Float64MultiArray with an empty layout (what a forward_command_controller reads)."""
+    types = get_kilted_typestore().types
+    layout = types['std_msgs/msg/MultiArrayLayout'](dim=[], data_offset=0)
+    return types['std_msgs/msg/Float64MultiArray'](layout=layout, data=np.ascontiguousarray(values, dtype=np.float64))
+
+
+def output_message(output, command):
+    """The message of one output's command (outputs.split): a JointTrajectory or a Float64MultiArray."""
+    return joint_trajectory(command) if output.kind == 'joint_trajectory' else float64_multi_array(command)

@@ -19,6 +19,7 @@ from ..runtime import PolicyRuntime
 from ..settings import Configured, configure, tick_settings
 from ..safety import Review
 from ..tick import ThrottledReporter, TickEngine, TickSettings, TickStats
+from .clock_jumps import watch_backward_jumps
 from .inputs import InputSubscriptions
 from .diagnostics import DiagnosticsPublisher
 from .output import TrajectoryOutput, answer_reset_estop
@@ -44,6 +45,7 @@ class VlaPolicyNode(LifecycleNode):
             self._output, self.buffer.operator_inputs(self._now_ns()), self._now_ns(), response))
         self._diagnostics = DiagnosticsPublisher(self, self.params.value('diagnostics_period_sec'),
                                                  self._publish_diagnostics)
+        self._jumps = watch_backward_jumps(self, self._on_clock_jump)
 
     @property
     def runtime(self) -> Optional[PolicyRuntime]:
@@ -58,11 +60,10 @@ class VlaPolicyNode(LifecycleNode):
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Load the checkpoint, warm up, subscribe, create the (inactive) trajectory publisher.
+        """Load the checkpoint, warm up, subscribe, create the (inactive) trajectory publishers.
 
-        SUCCESS leaves the node inactive: inputs flow into the buffer, nothing is
-        published. FAILURE leaves nothing loaded and the reason on /diagnostics.
-        """
+        SUCCESS leaves the node inactive: inputs flow into the buffer, nothing is published.
+        FAILURE leaves nothing loaded and the reason on /diagnostics."""
         try:
             if self.params.errors:
                 raise ValueError('invalid parameters: ' + '; '.join(self.params.errors))
@@ -80,7 +81,7 @@ class VlaPolicyNode(LifecycleNode):
         self._engine = TickEngine(self.runtime, self.stats)
         self._inputs = InputSubscriptions(self, self.configured.layout, self.buffer,
                                           self.params.value('instruction_durability'), self._now_ns, self._supervise)
-        self._output = TrajectoryOutput(self, self.params.value('trajectory_topic'), self._engine.supervisor,
+        self._output = TrajectoryOutput(self, self.configured.outputs, self._engine.supervisor,
                                         self.stats, self._reporter)
         return TransitionCallbackReturn.SUCCESS
 
@@ -101,19 +102,13 @@ class VlaPolicyNode(LifecycleNode):
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Drop subscriptions, publisher, buffered inputs, model and cache; leaves the node unconfigured."""
+        """Drop subscriptions, publishers, buffered inputs, model and cache; leaves the node unconfigured.
+        on_shutdown (from any state: finalized) and on_error (a transition raised: unconfigured, ready to
+        configure again) do the same."""
         self._release()
         return TransitionCallbackReturn.SUCCESS
 
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """As cleanup, from any state; leaves the node finalized."""
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """A transition raised: drop everything; SUCCESS leaves the node unconfigured, ready to configure again."""
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
+    on_shutdown = on_error = on_cleanup
 
     def hold_and_stop(self) -> None:
         """No more ticks, then (if it was publishing) one hold trajectory: before deactivating or shutting down."""
@@ -175,6 +170,12 @@ class VlaPolicyNode(LifecycleNode):
         if outcome.skip is not None and self._reporter.should_report(f'{outcome.skip.reason}:{outcome.skip.topic}'):
             self.get_logger().warning(f'tick skipped {outcome.skip.describe()}')
         self._emit(outcome.review)
+
+    def _on_clock_jump(self, back_sec: float) -> None:
+        """ROS time jumped back (use_sim_time): hold while active, drop the inputs of the old timeline."""
+        if self._engine is not None and self._worker is not None:
+            self._emit(self._engine.clock_jumped(self.buffer, self._settings(), self._now_ns(), back_sec))
+        self.buffer.drop_timed()
 
     def _on_tick_error(self, exc: BaseException) -> None:
         if self._reporter.should_report(SkipReason.INTERNAL_ERROR.value):

@@ -1,15 +1,17 @@
-"""The one way out to the controller: what the safety supervisor lets out, published (or logged in dry_run);
-and the operator's way back in after an e-stop."""
+"""The one way out to the controllers: what the safety supervisor lets out, split per output (``outputs.py``)
+and published (or logged in dry_run); and the operator's way back in after an e-stop."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from rclpy.duration import Duration
 from rclpy.lifecycle import LifecycleNode
 from rclpy.qos import QoSProfile, ReliabilityPolicy
+from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from ..observation import OperatorInputs
+from ..outputs import Output, split
 from ..safety import PlanKind, Review, SafetySupervisor
 from ..tick import ThrottledReporter, TickStats
 from .messages import trajectory_msg
@@ -19,31 +21,37 @@ TRAJECTORY_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 class TrajectoryOutput:
     """Logs every supervisor transition, says loudly when there is nothing to hold to, and publishes a
-    review's trajectory through ``SafetySupervisor.release`` (so an e-stop cannot be overtaken) on a
-    lifecycle publisher (it publishes only while the node is active)."""
+    review's trajectory through ``SafetySupervisor.release`` (so an e-stop cannot be overtaken) on one
+    lifecycle publisher per output (they publish only while the node is active). Every output of a
+    review comes from its one plan, under the supervisor's lock."""
 
-    def __init__(self, node: LifecycleNode, topic: str, supervisor: SafetySupervisor, stats: TickStats,
-                 reporter: ThrottledReporter) -> None:
+    def __init__(self, node: LifecycleNode, outputs: Sequence[Output], supervisor: SafetySupervisor,
+                 stats: TickStats, reporter: ThrottledReporter) -> None:
         self._node, self._logger, self._supervisor = node, node.get_logger(), supervisor
         self._stats, self._reporter = stats, reporter
-        self._publisher = node.create_lifecycle_publisher(JointTrajectory, topic, TRAJECTORY_QOS)
+        self._outputs = tuple(outputs)
+        self._publishers = [node.create_lifecycle_publisher(
+            JointTrajectory if output.kind == 'joint_trajectory' else Float64MultiArray, output.topic,
+            TRAJECTORY_QOS) for output in self._outputs]
 
     @property
     def active(self) -> bool:
-        return self._publisher.is_activated
+        return self._publishers[0].is_activated
 
     @property
     def topic(self) -> str:
-        """The resolved name (namespace, remappings)."""
-        return self._publisher.topic_name
+        """The resolved names (namespace, remappings), comma-separated with several outputs."""
+        return ', '.join(publisher.topic_name for publisher in self._publishers)
 
     def wait_for_delivery(self, timeout_sec: float = 1.0) -> bool:
         """Until every subscriber acknowledged what was published (reliable QoS): a hold published on the way
-        out must reach the controller before the process ends and takes its DDS writer with it."""
-        return self._publisher.wait_for_all_acked(Duration(nanoseconds=int(timeout_sec * 1e9)))
+        out must reach the controllers before the process ends and takes its DDS writers with it."""
+        timeout = Duration(nanoseconds=int(timeout_sec * 1e9))
+        return all([publisher.wait_for_all_acked(timeout) for publisher in self._publishers])
 
     def destroy(self) -> None:
-        self._node.destroy_lifecycle_publisher(self._publisher)
+        for publisher in self._publishers:
+            self._node.destroy_lifecycle_publisher(publisher)
 
     def emit(self, review: Review, dry_run: bool) -> None:
         for line in review.transitions:
@@ -72,8 +80,12 @@ class TrajectoryOutput:
         return success, message
 
     def _publish(self, plan) -> None:
-        msg: JointTrajectory = trajectory_msg(plan)
-        self._publisher.publish(msg)
+        now_ns = self._node.get_clock().now().nanoseconds
+        for publisher, (output, command) in zip(self._publishers, split(plan, self._outputs, now_ns)):
+            if output.kind == 'joint_trajectory':
+                publisher.publish(trajectory_msg(command))
+            else:
+                publisher.publish(Float64MultiArray(data=[float(v) for v in command]))
 
 
 def answer_reset_estop(output: Optional[TrajectoryOutput], operator: OperatorInputs, now_ns: int,

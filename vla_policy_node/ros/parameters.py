@@ -16,7 +16,7 @@ from rclpy.exceptions import (InvalidParameterTypeException, InvalidParameterVal
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
-from ..params import PARAMETERS, ParamSpec, problems, value_problem
+from ..params import PARAMETERS, ParamSpec, output_specs, problems, value_problem
 
 _TYPES = {'bool': ParameterType.PARAMETER_BOOL, 'int': ParameterType.PARAMETER_INTEGER,
           'double': ParameterType.PARAMETER_DOUBLE, 'string': ParameterType.PARAMETER_STRING,
@@ -56,6 +56,13 @@ class NodeParameters:
         self.config: Any = None
         for spec in PARAMETERS:
             self._declare(spec)
+        # `outputs` names the sub-parameters (ros2_control style: arm.joints, arm.type, arm.topic). It is
+        # read-only, so they are known once it is declared: declared from the params-file overrides like
+        # the others (rclpy keeps every override until its declaration, Humble .. Kilted).
+        self._specs = PARAMETERS + output_specs(self.value('outputs'))
+        for spec in self._specs[len(PARAMETERS):]:
+            self._declare(spec)
+        self.errors += self._undeclared_overrides()
         self.errors += problems(self.values())
         for error in self.errors:
             node.get_logger().error(f'parameter refused: {error}')
@@ -103,6 +110,16 @@ class NodeParameters:
         ours = value_problem(spec, plain(override.value)) if override is not None else None
         self.errors.append(ours or f'{spec.name}: {exc}')
 
+    def _undeclared_overrides(self) -> List[str]:
+        """A dotted name in the params file that no output declares (a typo such as arm.joint) is refused."""
+        declared = {spec.name for spec in self._specs}
+        unknown = sorted(name for name in self._node._parameter_overrides
+                         if '.' in name and name not in declared and not name.startswith('qos_overrides.'))
+        if not unknown:
+            return []
+        return [f'unknown parameter(s) {unknown} (outputs is {self.value("outputs")}: <name>.joints, <name>.type '
+                'and <name>.topic exist for those names)']
+
     def value(self, name: str) -> Any:
         """Current value (an unset array is [])."""
         try:
@@ -111,7 +128,7 @@ class NodeParameters:
             return None
 
     def values(self) -> Dict[str, Any]:
-        return {spec.name: self.value(spec.name) for spec in PARAMETERS}
+        return {spec.name: self.value(spec.name) for spec in self._specs}
 
     def _on_set(self, parameters: Sequence[Parameter]) -> SetParametersResult:
         """Refuse a change that adds a problem; values are read at the next tick (Humble has no post-set hook)."""

@@ -19,7 +19,7 @@ import torch
 
 from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                           normalizer_step, relative_step, write_folder)
-from ..config import PaliGemmaTraits, PolicyConfig, preset
+from ..config import PaliGemmaTraits, PolicyConfig, fields_for, preset
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..pi0 import PiZeroModel
@@ -59,6 +59,10 @@ class Pi0Family(PolicyFamily):
     @classmethod
     def parse_config(cls, raw: Mapping[str, Any]) -> PolicyConfig:
         return PolicyConfig.from_lerobot_dict(raw)
+
+    @classmethod
+    def config_fields(cls) -> Mapping[str, Any]:
+        return fields_for(cls.type_name)
 
     @classmethod
     def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,

@@ -27,7 +27,7 @@ from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..preprocess import resize_with_pad_left_top, to_model_range
 from ..smolvla import SmolVLAModel
-from ..smolvla_config import SmolVLAConfig, smolvla_preset
+from ..smolvla_config import SMOLVLA_CONFIG_FIELDS, SmolVLAConfig, smolvla_preset
 from ..smolvlm_tokenizer import SmolVLMTokenizer
 from ..tiny_smolvlm_tokenizer import build_smolvlm_test_tokenizer
 from ..tokenizer import HF_TOKENIZER_FILE
@@ -52,8 +52,12 @@ class SmolVLAFamily(PolicyFamily):
         return SmolVLAConfig.from_lerobot_dict(raw, vlm_config, VLM_CONFIG_FILE)
 
     @classmethod
-    def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
-                        dtype: torch.dtype) -> LoadedCheckpoint:
+    def config_fields(cls) -> Mapping[str, Any]:
+        return SMOLVLA_CONFIG_FIELDS
+
+    @classmethod
+    def folder_config(cls, folder: Path, raw: Mapping[str, Any]) -> SmolVLAConfig:
+        """config.json and, when present, vlm_config.json (the backbone's HF config)."""
         vlm_path = Path(folder) / VLM_CONFIG_FILE
         vlm_config = None
         if vlm_path.is_file():
@@ -61,8 +65,13 @@ class SmolVLAFamily(PolicyFamily):
                 vlm_config = json.loads(vlm_path.read_text())
             except json.JSONDecodeError as exc:
                 raise CheckpointError(f'{vlm_path} is not valid JSON: {exc}') from exc
+        return cls.parse_config(raw, vlm_config)
+
+    @classmethod
+    def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
+                        dtype: torch.dtype) -> LoadedCheckpoint:
         try:
-            config = cls.parse_config(raw, vlm_config)
+            config = cls.folder_config(folder, raw)
         except ConfigError as exc:
             raise CheckpointError(str(exc)) from exc
         loaded = load_parts(Path(folder), config, cls.model_class, device, dtype, cls.weight_keys)

@@ -1,0 +1,112 @@
+"""vla_policy_check_checkpoint, as a user runs it: what a folder is, every refusal, what to fetch, what fits."""
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vla_policy_node.policy.tiny_default import write_tiny_default
+
+BIN = Path(sys.executable).parent
+
+
+def _doctor(*args):
+    script = BIN / 'vla_policy_check_checkpoint'
+    command = [str(script)] if script.exists() else [sys.executable, '-m', 'vla_policy_node.doctor']
+    return subprocess.run(command + [str(a) for a in args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    return write_tiny_default(tmp_path_factory.mktemp('ckpt') / 'tiny_pi0', 'pi0')
+
+
+def test_a_loadable_checkpoint_is_described(tiny):
+    done = _doctor(tiny, '--fps', '10')
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert 'type pi0' in out and "cameras ['base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb']" in out
+    assert 'state_dim 6, action_dim 6' in out and 'chunk_size 10, n_action_steps 10' in out
+    assert 'normalisation ACTION MEAN_STD, STATE MEAN_STD' in out
+    assert 'tokenizer.model (512 tokens)' in out
+    assert 'bytes per dtype: F32' in out and '88 tensors match' in out
+    # 2 x 2 layers x 1 kv head x 16 dims x 64 tokens x 2 bytes (bf16) + the 64-byte pad mask
+    assert 'prefix 64 tokens' in out and 'one cache entry 8.1 KiB (8,256 B) in bf16' in out
+    assert 'GPU, bf16: model' in out
+    assert 'action_period_sec: 0.1' in out and 'execute_steps: 10' in out and 'control_rate_hz: 2.0' in out
+    assert 'the node would load this checkpoint' in out
+
+
+def test_every_refusal_is_listed_and_the_tokenizer_fetch_is_given(tiny, tmp_path):
+    folder = tmp_path / 'bad'
+    shutil.copytree(tiny, folder)
+    shutil.rmtree(folder / 'tokenizer')
+    config = json.loads((folder / 'config.json').read_text())
+    config.update(my_field=3, n_obs_steps=2)
+    (folder / 'config.json').write_text(json.dumps(config))
+    # Only the header is read: a weights file cut after its header is diagnosed all the same.
+    weights = (folder / 'model.safetensors').read_bytes()
+    (length,) = struct.unpack('<Q', weights[:8])
+    (folder / 'model.safetensors').write_bytes(weights[:8 + length])
+    done = _doctor(folder)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert 'REFUSED: config.json field my_field = 3' in out
+    assert 'REFUSED: config.json n_obs_steps = 2' in out
+    assert f'huggingface-cli download google/paligemma-3b-pt-224 tokenizer.model --local-dir {folder}/tokenizer' in out
+    assert 'gated' in out and 'licence' in out
+    assert '88 tensors match' in out
+    assert '3 problem(s)' in out
+
+
+def test_wrong_weights_and_a_missing_folder(tiny, tmp_path):
+    folder = tmp_path / 'wrong'
+    shutil.copytree(tiny, folder)
+    config = json.loads((folder / 'config.json').read_text())
+    config['output_features']['action']['shape'] = [7]
+    config['model_sizes']['expert']['mlp_dim'] *= 2
+    (folder / 'config.json').write_text(json.dumps(config))
+    out = _doctor(folder).stdout
+    assert 'REFUSED: ' + f'{folder}: action statistics have 6 values, config.json says 7' in out
+    assert 'mis-shaped tensor(s)' in out and 'mlp.gate_proj.weight' in out
+    assert _doctor(tmp_path / 'nowhere').returncode == 2
+
+
+def test_the_node_tokenizer_error_points_at_the_doctor(tiny, tmp_path):
+    from vla_policy_node.policy.tokenizer import TokenizerError
+    from vla_policy_node.runtime import PolicyRuntime
+    folder = tmp_path / 'no_tokenizer'
+    shutil.copytree(tiny, folder)
+    shutil.rmtree(folder / 'tokenizer')
+    with pytest.raises(TokenizerError, match=f'vla_policy_check_checkpoint {folder}'):
+        PolicyRuntime.from_pretrained(folder, device='cpu')
+
+
+@pytest.mark.parametrize('policy_type', ['pi05', 'smolvla'])
+def test_every_family_of_the_registry_is_covered(policy_type, tmp_path):
+    folder = write_tiny_default(tmp_path / policy_type, policy_type)
+    done = _doctor(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f'type {policy_type} (family ' in done.stdout and 'tensors match' in done.stdout
+    assert 'one cache entry' in done.stdout
+    shutil.rmtree(folder / 'tokenizer')
+    config = json.loads((folder / 'config.json').read_text())
+    config['n_obs_steps'] = 3
+    (folder / 'config.json').write_text(json.dumps(config))
+    out = _doctor(folder).stdout
+    assert 'REFUSED: config.json n_obs_steps = 3' in out
+    wanted = 'tokenizer.json' if policy_type == 'smolvla' else 'tokenizer.model'
+    assert f' {wanted} --local-dir {folder}/tokenizer' in out
+
+
+def test_an_unknown_type_names_the_known_ones(tiny, tmp_path):
+    folder = tmp_path / 'octo'
+    shutil.copytree(tiny, folder)
+    config = json.loads((folder / 'config.json').read_text())
+    config['type'] = 'octo'
+    (folder / 'config.json').write_text(json.dumps(config))
+    done = _doctor(folder)
+    assert done.returncode == 1 and "'pi0', 'pi05', 'smolvla'" in done.stdout, done.stdout

@@ -1,0 +1,338 @@
+"""Checkpoint doctor: what a lerobot ``pretrained_model/`` folder is, what the node would refuse, what it needs.
+
+    vla_policy_check_checkpoint DIR [--tokenizer PATH] [--fps 50] [--latency-ms 150]
+
+Every family of the registry (``policy/families``: pi0, pi0.5, SmolVLA) through the family seam:
+its field table, its folder config, its model class and weight keys, its tokenizer class. No GPU
+and no weights: ``model.safetensors`` is read as far as its JSON header (names, dtypes, shapes),
+the model is built on torch's meta device (shapes only) to compare the tensors, and only the
+small normalisation statistics and the tokenizer are read. Prints:
+  - the policy type, cameras, state/action dims, chunk size and steps, the normalisation;
+  - every config field and every file problem the node would refuse (not only the first);
+  - whether a tokenizer is there, else the exact command that fetches it (gated on the Hub);
+  - weight bytes per dtype, prefix tokens, cache-entry bytes, GPU memory of model + default cache
+    in bf16;
+  - a parameter block to start from.
+Exit status: 0 when the node would load the folder, 1 when it would refuse it, 2 when DIR is no
+checkpoint folder at all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .params import SPECS
+
+# safetensors dtype names -> bytes per element (the format's header spells them so).
+SAFETENSORS_DTYPE_BYTES = {'F64': 8, 'F32': 4, 'F16': 2, 'BF16': 2, 'I64': 8, 'I32': 4, 'I16': 2, 'I8': 1,
+                           'U8': 1, 'BOOL': 1, 'F8_E4M3': 1, 'F8_E5M2': 1}
+MAX_HEADER_BYTES = 100 * 2 ** 20
+PALIGEMMA_TOKENIZER = 'google/paligemma-3b-pt-224'
+HUB_LICENCE_NOTE = ('PaliGemma is gated on the Hugging Face Hub: accept its licence at '
+                    'https://huggingface.co/{name} and log in (`huggingface-cli login`) first.')
+
+
+@dataclass
+class Diagnosis:
+    folder: Path
+    lines: List[str] = field(default_factory=list)       # the report, in order
+    refusals: List[str] = field(default_factory=list)    # what the node would refuse
+
+    def section(self, title: str) -> None:
+        self.lines += ['', f'== {title}']
+
+    def say(self, text: str) -> None:
+        self.lines.append(f'  {text}')
+
+    def refuse(self, text: str) -> None:
+        self.refusals.append(text)
+        self.lines.append(f'  REFUSED: {text}')
+
+
+def read_safetensors_header(path: Path) -> Dict[str, Dict[str, Any]]:
+    """The tensors of a safetensors file from its header only: name -> {'dtype', 'shape'} (no data read)."""
+    with open(path, 'rb') as handle:
+        prefix = handle.read(8)
+        if len(prefix) != 8:
+            raise ValueError('shorter than a safetensors header')
+        (length,) = struct.unpack('<Q', prefix)
+        if length > MAX_HEADER_BYTES:
+            raise ValueError(f'header of {length} bytes: not a safetensors file')
+        raw = handle.read(length)
+    if len(raw) != length:
+        raise ValueError('truncated safetensors header')
+    header = json.loads(raw.decode('utf-8'))
+    return {name: entry for name, entry in header.items() if name != '__metadata__'}
+
+
+def tensor_bytes(entry: Mapping[str, Any]) -> int:
+    count = 1
+    for size in entry['shape']:
+        count *= int(size)
+    return count * SAFETENSORS_DTYPE_BYTES.get(entry['dtype'], 0)
+
+
+def _mib(count: float) -> str:
+    if count < 2 ** 20:
+        return f'{count / 2 ** 10:,.1f} KiB'
+    return f'{count / 2 ** 20:,.1f} MiB' if count < 2 ** 30 else f'{count / 2 ** 30:,.2f} GiB'
+
+
+def _config_refusals(raw: Mapping[str, Any], fields: Mapping[str, Any], type_name: str
+                     ) -> Tuple[List[str], Dict[str, Any]]:
+    """Every config.json field the family refuses (its field table), and the document with those fields at
+    loadable values (unknown ones left out, the others at their first accepted value)."""
+    from .policy.config_fields import DEFAULT_ONLY
+
+    found, usable = [], dict(raw)
+    for name, value in raw.items():
+        entry = fields.get(name)
+        if entry is None:
+            found.append(f'config.json field {name} = {json.dumps(value)[:80]}: a lerobot {type_name} config has '
+                         'no such field; refused rather than ignored')
+            usable.pop(name)
+        elif entry.handling == DEFAULT_ONLY and not any(type(value) is type(ok) and value == ok
+                                                        for ok in entry.accepted):
+            allowed = ' or '.join(json.dumps(ok) for ok in entry.accepted)
+            found.append(f'config.json {name} = {json.dumps(value)[:80]}: {entry.why}; loads only with {allowed}')
+            usable[name] = entry.accepted[0]
+    return found, usable
+
+
+def _tokenizer_hub_name(folder: Path, default: str) -> str:
+    """The tokenizer the checkpoint's pre-processor names (lerobot's tokenizer step), else ``default``."""
+    from .policy.checkpoint import PREPROCESSOR_FILE
+
+    try:
+        steps = json.loads((folder / PREPROCESSOR_FILE).read_text()).get('steps', [])
+    except (OSError, ValueError, AttributeError):
+        return default
+    for step in steps:
+        name = (step.get('config') or {}).get('tokenizer_name') if isinstance(step, dict) else None
+        if isinstance(name, str) and name:
+            return name
+    return default
+
+
+def fetch_tokenizer_command(folder: Path, hub_name: str, file_name: str) -> str:
+    """The command that fetches only the tokenizer file into <folder>/tokenizer/ (where the node looks)."""
+    return f'huggingface-cli download {hub_name} {file_name} --local-dir {folder / "tokenizer"}'
+
+
+def _weights(diagnosis: Diagnosis, family: Any, config: Any, header: Dict[str, Dict[str, Any]]) -> int:
+    """Names and shapes against the family's model built on the meta device (nothing allocated), every mismatch
+    listed; returns the model's bytes in bf16 (the parts the family keeps in fp32 counted as fp32)."""
+    import torch
+
+    from .policy.checkpoint import WEIGHTS_FILE
+
+    keys = family.weight_keys
+    with torch.device('meta'):
+        model = family.model_class(config)
+    expected = {name: (tuple(t.shape), t.numel()) for name, t in model.state_dict().items()}
+    canonical = {file_key: keys.canonical(file_key) for file_key in header}
+    found: Dict[str, str] = {}
+    unexpected, misshaped = [], []
+    for file_key, key in canonical.items():
+        if key in expected:
+            found[key] = file_key
+            if tuple(header[file_key]['shape']) != expected[key][0]:
+                misshaped.append(f'{file_key} {list(header[file_key]["shape"])} (expected {list(expected[key][0])})')
+        elif not keys.known_unused(key):
+            unexpected.append(file_key)
+    for key, stand_in in keys.stand_ins.items():      # tied embeddings: an export may keep only the LM head
+        if key in expected and key not in found and stand_in in canonical.values():
+            found[key] = stand_in
+    missing = sorted(set(expected) - set(found))
+    for kind, names in (('missing', missing), ('unexpected', sorted(unexpected)), ('mis-shaped', misshaped)):
+        if names:
+            shown = ', '.join(names[:6]) + (f' and {len(names) - 6} more' if len(names) > 6 else '')
+            diagnosis.refuse(f'{WEIGHTS_FILE}: {len(names)} {kind} tensor(s): {shown}')
+    if not (missing or unexpected or misshaped):
+        diagnosis.say(f'{len(found)} tensors match a {config.policy_type} model of this config.json')
+    return sum(count * (4 if keys.param_dtype(name, torch.bfloat16) == torch.float32 else 2)
+               for name, (_, count) in expected.items())
+
+
+def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float] = None,
+             latency_ms: Optional[float] = None) -> Diagnosis:
+    """The whole report for one folder (see the module docstring), through the policy-family registry."""
+    from .policy.checkpoint import (WEIGHTS_FILE, CheckpointError, check_relative_action_steps, find_tokenizer,
+                                    load_normalizers, read_config_json)
+    from .policy.config_fields import ConfigError
+    from .policy.families import family_class
+
+    folder = Path(folder)
+    diagnosis = Diagnosis(folder)
+    diagnosis.lines.append(f'checkpoint {folder}')
+    try:
+        raw = read_config_json(folder)
+        family = family_class(raw.get('type'))
+    except (CheckpointError, ConfigError) as exc:
+        diagnosis.refuse(str(exc))
+        return diagnosis
+
+    diagnosis.section('config.json fields the node refuses')
+    refused, usable = _config_refusals(raw, family.config_fields(), family.type_name)
+    for problem in refused:
+        diagnosis.refuse(problem)
+    try:
+        config = family.folder_config(folder, usable)
+    except (ConfigError, CheckpointError) as exc:
+        diagnosis.refuse(str(exc))
+        return diagnosis
+    if not refused:
+        diagnosis.say('none')
+    else:
+        diagnosis.say('(below: the checkpoint as if those fields were at their loadable values)')
+
+    diagnosis.section('policy')
+    diagnosis.say(f'type {config.policy_type} (family {family.__name__}); {config.num_inference_steps} '
+                  'flow-matching steps')
+    diagnosis.say(f'cameras {list(config.camera_names)}' + (f' + {config.empty_cameras} empty (masked)'
+                                                            if config.empty_cameras else '')
+                  + f'; images {config.image_resolution[1]}x{config.image_resolution[0]}')
+    diagnosis.say(f'state_dim {config.state_dim}, action_dim {config.action_dim} (padded to '
+                  f'{config.max_state_dim} / {config.max_action_dim})')
+    if config.action_feature_names:
+        diagnosis.say(f'action names {list(config.action_feature_names)}')
+    diagnosis.say(f'chunk_size {config.chunk_size}, n_action_steps {config.n_action_steps}')
+    if config.use_relative_actions:
+        diagnosis.say(f'relative actions (offsets from the state), except joints containing '
+                      f'{list(config.relative_exclude_joints)}')
+    if config.rtc_training_max_delay:
+        diagnosis.say(f'trained for real-time chunking: rtc_training_max_delay {config.rtc_training_max_delay}')
+    diagnosis.say('normalisation ' + ', '.join(f'{k} {v}' for k, v in sorted(config.normalization_mapping.items())))
+    try:
+        state, action = load_normalizers(folder, config)
+        diagnosis.say(f'statistics: state {state.mode} ({state.dim} values), action {action.mode} '
+                      f'({action.dim} values)'.replace('(-1 values)', '(none needed)'))
+        check_relative_action_steps(folder, config)
+    except CheckpointError as exc:
+        diagnosis.refuse(str(exc))
+
+    diagnosis.section('weights (safetensors header only)')
+    bf16_bytes = 0
+    try:
+        header = read_safetensors_header(folder / WEIGHTS_FILE)
+    except FileNotFoundError:
+        diagnosis.refuse(f'no {WEIGHTS_FILE} in {folder}')
+    except (OSError, ValueError) as exc:
+        diagnosis.refuse(f'{WEIGHTS_FILE} is not a readable safetensors file: {exc}')
+    else:
+        per_dtype: Dict[str, int] = {}
+        for entry in header.values():
+            per_dtype[entry['dtype']] = per_dtype.get(entry['dtype'], 0) + tensor_bytes(entry)
+        sizes = [f'{dtype} {_mib(count)} ({count:,} B)' for dtype, count in sorted(per_dtype.items())]
+        diagnosis.say('bytes per dtype: ' + ', '.join(sizes))
+        bf16_bytes = _weights(diagnosis, family, config, header)
+
+    diagnosis.section('tokenizer')
+    found = tokenizer if tokenizer is not None else find_tokenizer(folder)
+    if found is not None and Path(found).exists():
+        _tokenizer_check(diagnosis, family, Path(found), config)
+    else:
+        # The file the family reads: tokenizer.json where its hint names one (SmolVLM2), else PaliGemma's model.
+        file_name = 'tokenizer.json' if 'tokenizer.json' in family.tokenizer_hint else 'tokenizer.model'
+        hub_name = _tokenizer_hub_name(folder, getattr(config, 'vlm_model_name', None) or PALIGEMMA_TOKENIZER)
+        diagnosis.refuse(f'no tokenizer in {folder / "tokenizer"} (or at tokenizer_path): the robot cannot '
+                         f'download {hub_name}')
+        diagnosis.say('on a machine with internet, fetch only the tokenizer file, then copy the folder over:')
+        diagnosis.say(f'  {fetch_tokenizer_command(folder, hub_name, file_name)}')
+        diagnosis.say('  (newer huggingface_hub: `hf download` takes the same arguments)')
+        diagnosis.say(HUB_LICENCE_NOTE.format(name=hub_name) if 'paligemma' in hub_name.lower() else
+                      'If the repository is gated, accept its licence on the Hub and log in first.')
+
+    diagnosis.section('memory (analytic)')
+    entry = config.cache_entry_bytes(2)
+    cache = min(SPECS['cache_max_bytes'].default, SPECS['cache_max_entries'].default * entry)
+    diagnosis.say(f'prefix {config.prefix_len} tokens: {len(config.all_camera_names)} image slots x '
+                  f'{config.tokens_per_image} + {config.tokenizer_max_length} prompt tokens (a camera the node '
+                  'does not subscribe to is masked but keeps its slot)')
+    diagnosis.say(f'one cache entry {_mib(entry)} ({entry:,} B) in bf16; the default cache (cache_max_entries '
+                  f'{SPECS["cache_max_entries"].default}, cache_max_bytes {_mib(SPECS["cache_max_bytes"].default)}) '
+                  f'holds up to {_mib(cache)}')
+    if bf16_bytes:
+        diagnosis.say(f'GPU, bf16: model {_mib(bf16_bytes)} (the parts the family keeps in fp32 counted so) + cache '
+                      f'{_mib(cache)} = {_mib(bf16_bytes + cache)}, plus the CUDA context and activations')
+
+    diagnosis.section('a parameter block to start from (README "Choosing the control parameters")')
+    diagnosis.lines += suggested_parameters(folder, config, fps, latency_ms)
+    return diagnosis
+
+
+def _tokenizer_check(diagnosis: Diagnosis, family: Any, path: Path, config: Any) -> None:
+    from .policy.tokenizer import TokenizerError
+
+    try:
+        loaded = family.tokenizer_class.from_path(path)
+    except (TokenizerError, ValueError, OSError) as exc:
+        diagnosis.refuse(str(exc))
+        return
+    if loaded.vocab_size > config.vocab_size:
+        diagnosis.refuse(f'tokenizer {path} has {loaded.vocab_size} tokens, more than the model embedding '
+                         f'({config.vocab_size})')
+    else:
+        diagnosis.say(f'{path} ({loaded.vocab_size} tokens)')
+
+
+def suggested_parameters(folder: Path, config: Any, fps: Optional[float], latency_ms: Optional[float]) -> List[str]:
+    """A params block: joint placeholders, cameras, the action period, execute_steps and a rate that fits."""
+    names = list(config.action_feature_names or [f'<joint_{i + 1}>' for i in range(config.action_dim)])
+    period = 1.0 / fps if fps else None
+    execute = min(config.n_action_steps, config.chunk_size)
+    lines = ['/**/vla_policy:', '  ros__parameters:', f'    checkpoint_path: {folder}',
+             f'    joint_names: {json.dumps(names)}   # your controller\'s names, in the action order']
+    if config.state_dim != config.action_dim:
+        lines.append(f'    state_joint_names: {json.dumps([f"<state_{i + 1}>" for i in range(config.state_dim)])}')
+    lines.append(f'    camera_names: {json.dumps(list(config.camera_names))}')
+    lines.append(f'    camera_topics: {json.dumps([f"/<camera for {c}>/image_raw" for c in config.camera_names])}')
+    if period is None:
+        lines.append('    action_period_sec: 0.02   # 1 / the training data\'s fps (pass --fps); 0.02 = 50 Hz')
+        period = 0.02
+    else:
+        lines.append(f'    action_period_sec: {period:.4g}   # 1 / {fps:g} fps')
+    span = execute * period
+    # Replan when half of the published span is left, and never faster than inference allows.
+    rate = 1.0 / (span / 2)
+    if latency_ms:
+        rate = min(rate, 1000.0 / (1.5 * latency_ms))
+    rate = max(0.1, min(rate, 30.0))
+    lines.append(f'    execute_steps: {execute}   # n_action_steps: {execute * period:.2f} s per trajectory')
+    lines.append(f'    control_rate_hz: {float(f"{rate:.2g}")}   # a new chunk every {1 / rate:.2f} s: '
+                 '1/control_rate_hz + latency < execute_steps * action_period_sec')
+    if latency_ms and 1.0 / rate + latency_ms / 1000.0 >= span:
+        lines.append(f'    # WARNING: a {latency_ms:g} ms inference does not fit a {span:.2f} s trajectory: the arm '
+                     'would stop between chunks')
+    lines.append('    chunking: "rtc"   # smooth hand-over between chunks')
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog='vla_policy_check_checkpoint', description=__doc__.split('\n\n')[0])
+    parser.add_argument('folder', type=Path, help='lerobot pretrained_model/ folder')
+    parser.add_argument('--tokenizer', type=Path, help='tokenizer.model / tokenizer.json (the node\'s tokenizer_path)')
+    parser.add_argument('--fps', type=float, help='frame rate of the training data (sets action_period_sec)')
+    parser.add_argument('--latency-ms', type=float, help='measured inference latency (latency_total_p95 in '
+                        '/diagnostics) to fit the control rate to')
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        print(f'vla_policy_check_checkpoint: {args.folder} is not a folder', file=sys.stderr)
+        return 2
+    diagnosis = diagnose(args.folder, args.tokenizer, args.fps, args.latency_ms)
+    print('\n'.join(diagnosis.lines))
+    print()
+    if diagnosis.refusals:
+        print(f'the node would refuse this checkpoint: {len(diagnosis.refusals)} problem(s) above (REFUSED)')
+        return 1
+    print('the node would load this checkpoint')
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
