@@ -32,6 +32,7 @@ statistics are computed from the bag (state: /joint_states, action: /joint_comma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -51,7 +52,7 @@ from torch import nn
 from .images import decode_frame, frame_from_msg
 from .observation import joint_positions
 from .policy.checkpoint import WEIGHTS_FILE, CheckpointError, save_checkpoint
-from .policy.config import PolicyConfig, preset
+from .policy.config import ACTION_FEATURE, STATE_FEATURE, PolicyConfig, preset
 from .policy.layers import FusedProjection, additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
 from .policy.normalize import FeatureNormalizer
 from .policy.preprocess import image_to_unit_tensor, resize_with_pad, to_model_range
@@ -65,7 +66,7 @@ from .replay.make_bag import COMMAND_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC
 DEMO_ACTION_PERIOD_SEC = 0.1
 # The demo's sample bag (demo.py writes the same one).
 DEMO_BAG_SPEC = SampleBagSpec(duration_sec=6.0)
-DEFAULT_STEPS = 1500
+DEFAULT_STEPS = 3000
 BATCH_SIZE = 32
 PEAK_LR = 1e-3
 DECAY_LR = 1e-4
@@ -205,30 +206,25 @@ class _DifferentiableProjection:
         return torch.cat([F.linear(x, linear.weight, linear.bias) for linear in self.fused.linears], dim=-1)
 
 
-class trainable:  # noqa: N801 (a context manager, used like a function)
+@contextlib.contextmanager
+def trainable(model: nn.Module) -> Iterator[nn.Module]:
     """``with trainable(model):`` every parameter owns its storage and every fused projection is replaced by
     a differentiable one; on exit the fused projections are back (they re-fuse on their next call)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self._swapped: List[Tuple[object, str, FusedProjection]] = []
-
-    def __enter__(self) -> nn.Module:
-        for param in self.model.parameters():
-            param.data = param.data.clone()       # fused views -> own storage, for the optimiser
-        for module in self.model.modules():
-            for name, value in list(vars(module).items()):
-                if isinstance(value, FusedProjection):
-                    self._swapped.append((module, name, value))
-                    setattr(module, name, _DifferentiableProjection(value))
-        self.model.train()
-        return self.model
-
-    def __exit__(self, *exc) -> None:
-        for module, name, value in self._swapped:
+    for param in model.parameters():
+        param.data = param.data.clone()           # fused views -> own storage, for the optimiser
+    swapped: List[Tuple[object, str, FusedProjection]] = []
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, FusedProjection):
+                swapped.append((module, name, value))
+                setattr(module, name, _DifferentiableProjection(value))
+    model.train()
+    try:
+        yield model
+    finally:
+        for module, name, value in swapped:
             setattr(module, name, value)
-        self._swapped.clear()
-        self.model.eval()
+        model.eval()
 
 
 def predict_velocity(model: nn.Module, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
@@ -390,8 +386,8 @@ def train(output: Path, bag: Optional[Path] = None, seed: int = DEFAULT_SEED, st
         data = load_demo_data(source, config)
         state_stats, action_stats = statistics_of(data.state_positions), statistics_of(data.command_positions)
         mapping = config.normalization_mapping
-        batches = _Batches(data, config, tokenizer, FeatureNormalizer('observation.state', mapping['STATE'], state_stats),
-                           FeatureNormalizer('action', mapping['ACTION'], action_stats))
+        batches = _Batches(data, config, tokenizer, FeatureNormalizer(STATE_FEATURE, mapping['STATE'], state_stats),
+                           FeatureNormalizer(ACTION_FEATURE, mapping['ACTION'], action_stats))
         model = random_model(config, seed)          # the random default's weights are the starting point
         try:
             torch.set_num_threads(1)
