@@ -6,6 +6,7 @@ than the random weights. Retraining the shipped weights costs minutes: marked ``
 """
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -14,17 +15,16 @@ import pytest
 import torch
 import yaml
 
+from vla_policy_node.observation import Observation
 from vla_policy_node.params import BUILTIN_DEMO
 from vla_policy_node.policy.config import preset
 from vla_policy_node.policy.tiny_default import random_model, write_tiny_default
-from vla_policy_node.replay.make_bag import SampleBagSpec, joint_state_at, write_sample_bag
+from vla_policy_node.replay.make_bag import SampleBagSpec, joint_state_at, render_frame, write_sample_bag
 from vla_policy_node.replay.offline import replay
 from vla_policy_node.runtime import PolicyRuntime
-from vla_policy_node.observation import Observation
 from vla_policy_node.train_demo import (DEMO_ACTION_PERIOD_SEC, DEMO_BAG_SPEC, DEMO_CHECKPOINT, TRAINING_FILE,
                                         builtin_demo_checkpoint, flow_matching_loss, load_demo_data,
                                         predict_velocity, sample_time, statistics_of, train, trainable)
-from vla_policy_node.replay.make_bag import render_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
@@ -137,6 +137,14 @@ def test_trainer_matches_the_demo():
     assert record['weights_sha256'] == digest, 'the shipped weights are not the ones training.json describes'
 
 
+def test_setup_installs_every_file_of_the_demo_checkpoint():
+    """pip and colcon install package data only where setup.py names it."""
+    patterns = re.findall(r"'(demo_checkpoint/[^']+)'", (ROOT / 'setup.py').read_text())
+    installed = {path for pattern in patterns for path in (ROOT / 'vla_policy_node').glob(pattern) if path.is_file()}
+    files = {path for path in DEMO_CHECKPOINT.rglob('*') if path.is_file()}
+    assert (DEMO_CHECKPOINT / 'model.safetensors') in files and files == installed
+
+
 @pytest.fixture(scope='module')
 def demo_bag(tmp_path_factory):
     return write_sample_bag(tmp_path_factory.mktemp('demo_bag') / 'bag', DEMO_BAG_SPEC)
@@ -181,6 +189,7 @@ def test_the_cameras_matter():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_training_reproduces_the_shipped_weights(demo_bag, tmp_path):
     """The shipped command again: bit for bit on the torch build and CPU kind it was made with; elsewhere its
     replay error within RETRAIN_RMSE_BOUND of the shipped one's, per joint."""

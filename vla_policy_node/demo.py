@@ -2,13 +2,15 @@
 
     python -m vla_policy_node.demo [--output artifacts/demo] [--rate 1.0]
 
-1. writes the embedded default if missing: a tiny pi0 with RANDOM weights in
-   the lerobot layout, and a sample bag (3 cameras, instruction, joint states,
-   command topic);
-2. starts `vla_policy_node` with config/demo.yaml under use_sim_time;
+1. writes the sample bag (3 cameras, instruction, joint states, command topic) and, for comparison,
+   the tiny pi0 with RANDOM weights in the lerobot layout, if missing;
+2. starts `vla_policy_node` with config/demo.yaml (the embedded default, builtin:demo: the same tiny
+   pi0 trained on this bag by train_demo.py) under use_sim_time;
 3. replays the bag with /clock, shows ticks, latency and cache hit rate from
    /diagnostics, and records the trajectories that arrive into a bag;
-4. runs the offline evaluation on the same bag (plots, summary, output bag).
+4. runs the offline evaluation on the same bag (plots, summary, output bag), for the trained default and
+   the random weights, and prints each one's per-joint error against the recorded command (and the
+   live run's).
 """
 from __future__ import annotations
 
@@ -21,13 +23,21 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
 SHIPPED_PARAMS = ROOT / 'config' / 'vla_policy.yaml'
 TRAJECTORY_TYPE = 'trajectory_msgs/msg/JointTrajectory'
 ACTIVE_TIMEOUT_SEC = 120.0
+DEMO_CHECKPOINT = 'builtin:demo'
+# Chunks count from the newest camera stamp, live (node_command) and offline alike: the trained default
+# learned the recorded command from there (train_demo.py), and live trajectories are then in bag time.
+DEMO_OVERRIDES = {'stamp_mode': 'observation'}
+# (trajectory stamp ns, time_from_start [K] s, positions [K, J]) of one published chunk.
+Plan = Tuple[int, np.ndarray, np.ndarray]
 
 
 def _say(text: str) -> None:
@@ -35,20 +45,61 @@ def _say(text: str) -> None:
 
 
 def prepare(output: Path) -> Dict[str, Path]:
-    """The tiny checkpoint and the sample bag, made only when missing."""
+    """The random-weight comparison checkpoint and the sample bag, made only when missing."""
     from .policy.tiny_default import write_tiny_default
-    from .replay.make_bag import SampleBagSpec, write_sample_bag
+    from .replay.make_bag import write_sample_bag
+    from .train_demo import DEMO_BAG_SPEC
 
-    paths = {'checkpoint': output / 'tiny_pi0', 'bag': output / 'sample_bag'}
-    if not (paths['checkpoint'] / 'model.safetensors').exists():
-        shutil.rmtree(paths['checkpoint'], ignore_errors=True)
-        write_tiny_default(paths['checkpoint'], 'pi0')
-        _say(f'[demo] wrote the tiny pi0 checkpoint (RANDOM weights) to {paths["checkpoint"]}')
+    paths = {'random': output / 'tiny_pi0_random', 'bag': output / 'sample_bag'}
+    if not (paths['random'] / 'model.safetensors').exists():
+        shutil.rmtree(paths['random'], ignore_errors=True)
+        write_tiny_default(paths['random'], 'pi0')
+        _say(f'[demo] wrote the tiny pi0 with RANDOM weights (for comparison) to {paths["random"]}')
     if not (paths['bag'] / 'metadata.yaml').exists():
         shutil.rmtree(paths['bag'], ignore_errors=True)
-        write_sample_bag(paths['bag'], SampleBagSpec(duration_sec=6.0))
-        _say(f'[demo] wrote a 6 s sample bag to {paths["bag"]}')
+        write_sample_bag(paths['bag'], DEMO_BAG_SPEC)
+        _say(f'[demo] wrote a {DEMO_BAG_SPEC.duration_sec:g} s sample bag to {paths["bag"]}')
     return paths
+
+
+def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """Per joint: RMSE/MAE of published chunks (stamped at their origin in bag time) against the bag's
+    recorded command, exactly as the offline report computes it (replay/report.py command_error)."""
+    from .observation import joint_positions
+    from .replay.bag_io import read_messages
+    from .replay.make_bag import COMMAND_TOPIC
+    from .replay.report import ReplayResult, TickRecord, command_error
+
+    times, positions = [], []
+    for message in read_messages(bag, [COMMAND_TOPIC]):
+        times.append(message.timestamp_ns)
+        positions.append(joint_positions(message.msg, joint_names, COMMAND_TOPIC))
+    records = [TickRecord(time_ns=stamp, plan_start_ns=stamp, plan_times_sec=np.asarray(offsets, dtype=np.float64),
+                          plan_positions=np.asarray(points, dtype=np.float64)) for stamp, offsets, points in plans]
+    joints = len(joint_names)
+    result = ReplayResult(output=bag, records=records, joint_names=list(joint_names),
+                          recorded_times_ns=np.zeros(0, dtype=np.int64), recorded_positions=np.zeros((0, joints)),
+                          command_times_ns=np.asarray(times, dtype=np.int64),
+                          command_positions=np.asarray(positions, dtype=np.float64).reshape(-1, joints), summary={})
+    return command_error(result)
+
+
+def error_table(columns: Dict[str, Optional[Dict[str, Any]]]) -> List[str]:
+    """Lines of a per-joint RMSE table, one column per run (None: no figures), and trained/random."""
+    names = next((list(e) for e in columns.values() if e), [])
+    head = f"{'joint':<10}" + ''.join(f'{title:>16}' for title in columns)
+    lines = [head]
+    for name in names + ['mean']:
+        cells = []
+        for errors in columns.values():
+            if not errors:
+                cells.append(f"{'-':>16}")
+                continue
+            value = (float(np.mean([e['rmse'] for e in errors.values()])) if name == 'mean'
+                     else errors[name]['rmse'])
+            cells.append(f'{value:>16.4f}')
+        lines.append(f'{name:<10}' + ''.join(cells))
+    return lines
 
 
 def node_command(checkpoint: Path) -> List[str]:
@@ -72,6 +123,7 @@ class Monitor:
         self.diagnostics: Dict[str, str] = {}
         self.trajectories = 0
         self.holds = 0
+        self.plans: List[Plan] = []
         self.first_stamp_ns: Optional[int] = None
         self.last_stamp_ns: Optional[int] = None
         self._lock = threading.Lock()
@@ -89,7 +141,12 @@ class Monitor:
         with self._lock:
             self.trajectories += 1
             # A hold (one point, zero velocity) is the safety layer keeping the arm still, not a chunk.
-            self.holds += len(msg.points) == 1 and not any(msg.points[0].velocities)
+            hold = len(msg.points) == 1 and not any(msg.points[0].velocities)
+            self.holds += hold
+            if not hold:
+                self.plans.append((stamp_ns, np.array([p.time_from_start.sec + p.time_from_start.nanosec / 1e9
+                                                       for p in msg.points]),
+                                   np.array([list(p.positions) for p in msg.points])))
             self.first_stamp_ns = self.first_stamp_ns or stamp_ns
             self.last_stamp_ns = stamp_ns
             self._received.append((self.node.get_clock().now().nanoseconds or stamp_ns, serialize_message(msg)))
@@ -153,7 +210,7 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, obj
     # rclpy reads the environment and before the node inherits it.
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
     os.environ.setdefault('FASTDDS_BUILTIN_TRANSPORTS', 'LARGE_DATA')
-    command = node_command(paths['checkpoint'])
+    command = node_command(DEMO_CHECKPOINT)
     _say('[demo] starting the node: ' + ' '.join(command))
     with open(log_path, 'w') as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -189,6 +246,7 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float) -> Dict[str, obj
         time.sleep(1.5)  # the last chunks and one more /diagnostics
         _say(monitor.progress_line(duration, duration))
         return {'published': published, 'trajectories': monitor.trajectories, 'holds': monitor.holds,
+                'plans': list(monitor.plans),
                 'diagnostics': monitor.diagnostics,
                 'first_stamp_ns': monitor.first_stamp_ns, 'last_stamp_ns': monitor.last_stamp_ns,
                 'live_bag': live_bag, 'log': log_path}
@@ -216,10 +274,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _say('[demo] offline evaluation of the same bag (same params, same tick path)')
     from .replay.offline import replay
 
-    report = output / 'report'
-    shutil.rmtree(report, ignore_errors=True)
-    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']))
+    report, random_report = output / 'report', output / 'report_random'
+    for folder in (report, random_report):
+        shutil.rmtree(folder, ignore_errors=True)
+    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=DEMO_CHECKPOINT, overrides=DEMO_OVERRIDES)
+    random_result = replay(paths['bag'], DEMO_PARAMS, random_report, checkpoint=str(paths['random']),
+                           overrides=DEMO_OVERRIDES)
     summary = result.summary
+    live_error = command_error_of(live['plans'], paths['bag'], result.joint_names) if live['plans'] else None
     total = summary['latency_ms'].get('total', {})
     _say('\n=== demo summary ===')
     _say(f"live over DDS: {live['trajectories'] - live['holds']} chunks and {live['holds']} holds received for "
@@ -234,10 +296,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _say(f'live trajectories (rosbag2): {live["live_bag"]}')
     _say(f'node log: {live["log"]}')
     _say(f'report: {report}/summary.json, {report}/chunks.png, {report}/latency.png, {report}/handover.png, '
-         f'{report}/trajectories/')
+         f'{report}/trajectories/ (the random weights: {random_report}/)')
+    _say('\nper-joint RMSE against the recorded /joint_command [rad], same bag, seed '
+         f"{summary['seed']}:")
+    for line in error_table({'trained offline': summary['command_error'],
+                             'random offline': random_result.summary['command_error'],
+                             'trained live': live_error}):
+        _say('  ' + line)
     shipped = os.path.relpath(SHIPPED_PARAMS)
-    _say('\nNOTE: the policy has RANDOM weights (the embedded tiny default): the trajectories exercise the '
-         f'whole pipeline but mean nothing. The shipped parameters run the same default as they are:\n'
+    _say('\nNOTE: the embedded default (builtin:demo) is a tiny pi0 trained on this sample bag only: it follows '
+         'the recorded motion and knows nothing else (a hold\'s end, which nothing in the inputs announces, '
+         f'it cannot predict). The shipped parameters run the same default as they are:\n'
          f'  vla_policy_node --ros-args --params-file {shipped}\n'
          f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0/pi0.5 '
          'pretrained_model folder), tokenizer_path, joint_names and the camera topics, then:\n'

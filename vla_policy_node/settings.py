@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
-from .params import BUILTIN_TINY, effective, validate
+from .params import BUILTIN_DEMO, BUILTIN_TINY, effective, validate
 from .policy.config import PolicyConfig
 from .policy.rtc import RTCSettings
 from .policy.tiny_default import builtin_tiny_checkpoint
 from .runtime import PolicyRuntime, set_cpu_threads
 from .safety import SafetySettings
 from .tick import TickSettings
+from .train_demo import builtin_demo_checkpoint
 
 
 @dataclass
@@ -105,7 +106,8 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
     """The runtime a set of parameter values describes (checkpoint, device, dtype, cache, threads)."""
     set_cpu_threads(values['cpu_threads'])
     checkpoint = values['checkpoint_path']
-    path = builtin_tiny_checkpoint() if checkpoint == BUILTIN_TINY else Path(checkpoint)
+    builtin = {BUILTIN_TINY: builtin_tiny_checkpoint, BUILTIN_DEMO: builtin_demo_checkpoint}.get(checkpoint)
+    path = builtin() if builtin is not None else Path(checkpoint)
     return PolicyRuntime.from_pretrained(path, device=values['device'], dtype=values['dtype'],
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
@@ -127,6 +129,9 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
     if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
         warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
              'Set checkpoint_path to a real lerobot pretrained_model folder.')
+    if values['checkpoint_path'] == BUILTIN_DEMO and warn is not None:
+        warn('checkpoint_path is builtin:demo: a tiny pi0 trained on the sample bag only; it knows that one '
+             'recorded motion and nothing else. Set checkpoint_path to a real lerobot pretrained_model folder.')
     runtime = load_runtime(values)
     try:
         config = runtime.config

@@ -1,6 +1,6 @@
 """Train the embedded demo policy: the tiny pi0 fitted to the demo's sample bag by flow matching.
 
-    vla_policy_train_demo OUT [--bag BAG] [--seed 0] [--steps 1500]
+    vla_policy_train_demo OUT [--bag BAG] [--seed 0] [--steps 3000]
     python -m vla_policy_node.train_demo OUT ...
 
 This is a tool for the embedded default (``checkpoint_path: builtin:demo``), NOT a general trainer: it
@@ -72,8 +72,8 @@ PEAK_LR = 1e-3
 DECAY_LR = 1e-4
 WARMUP_STEPS = 100
 TRAINING_FILE = 'training.json'
-# The shipped checkpoint (package data), what checkpoint_path "builtin:demo" loads. Reproduce it with
-# SHIPPED_COMMAND (tools/ is not needed: the console script is the module's main).
+# The shipped checkpoint (package data), what checkpoint_path "builtin:demo" loads; SHIPPED_COMMAND, run in
+# the source tree, reproduces it (training.json in the folder records the command, versions and digest).
 DEMO_CHECKPOINT = Path(__file__).resolve().parent / 'demo_checkpoint'
 SHIPPED_COMMAND = 'vla_policy_train_demo vla_policy_node/demo_checkpoint'
 

@@ -84,7 +84,7 @@ class SampleBagSpec:
     hold_start_sec: float = 1.0
     hold_end_sec: float = 2.0
     # After the hold the scene clock's rate ramps linearly from 0 to 1 over this long (0: resumes at full speed).
-    resume_sec: float = 1.0
+    resume_sec: float = 1.5
     start_time_ns: int = 1_700_000_000 * NS_PER_SEC
     seed: int = 0
     storage: str = 'sqlite3'
