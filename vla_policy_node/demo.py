@@ -84,20 +84,20 @@ def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str
     return command_error(result)
 
 
-def error_table(columns: Dict[str, Optional[Dict[str, Any]]]) -> List[str]:
-    """Lines of a per-joint RMSE table, one column per run (None: no figures), and trained/random."""
+def error_table(columns: Dict[str, Optional[Dict[str, Any]]], ratio: Optional[Tuple[str, str]] = None) -> List[str]:
+    """Lines of a per-joint RMSE table, one column per run (None: no figures); ``ratio`` (a, b) adds a / b."""
     names = next((list(e) for e in columns.values() if e), [])
-    head = f"{'joint':<10}" + ''.join(f'{title:>16}' for title in columns)
-    lines = [head]
+    titles = list(columns) + ([f'{ratio[0].split()[0]}/{ratio[1].split()[0]}'] if ratio else [])
+    lines = [f"{'joint':<10}" + ''.join(f'{title:>16}' for title in titles)]
     for name in names + ['mean']:
-        cells = []
-        for errors in columns.values():
-            if not errors:
-                cells.append(f"{'-':>16}")
-                continue
-            value = (float(np.mean([e['rmse'] for e in errors.values()])) if name == 'mean'
-                     else errors[name]['rmse'])
-            cells.append(f'{value:>16.4f}')
+        values: Dict[str, Optional[float]] = {}
+        for title, errors in columns.items():
+            values[title] = None if not errors else (
+                float(np.mean([e['rmse'] for e in errors.values()])) if name == 'mean' else errors[name]['rmse'])
+        cells = [f"{'-':>16}" if value is None else f'{value:>16.4f}' for value in values.values()]
+        if ratio:
+            a, b = values[ratio[0]], values[ratio[1]]
+            cells.append(f"{'-':>16}" if a is None or not b else f'{a / b:>16.1%}')
         lines.append(f'{name:<10}' + ''.join(cells))
     return lines
 
@@ -301,7 +301,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
          f"{summary['seed']}:")
     for line in error_table({'trained offline': summary['command_error'],
                              'random offline': random_result.summary['command_error'],
-                             'trained live': live_error}):
+                             'trained live': live_error}, ratio=('trained offline', 'random offline')):
         _say('  ' + line)
     shipped = os.path.relpath(SHIPPED_PARAMS)
     _say('\nNOTE: the embedded default (builtin:demo) is a tiny pi0 trained on this sample bag only: it follows '
