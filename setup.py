@@ -24,6 +24,9 @@ setup(
     name=package_name,
     version='0.1.0',
     packages=find_packages(exclude=['test', 'test.*', 'bench']),
+    # The embedded demo checkpoint (checkpoint_path builtin:demo), read in place.
+    package_data={package_name: ['demo_checkpoint/*.json', 'demo_checkpoint/*.safetensors',
+                                 'demo_checkpoint/tokenizer/*']},
     data_files=[
         ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
         ('share/' + package_name, ['package.xml']),
@@ -70,6 +73,7 @@ setup(
             'vla_policy_serve = vla_policy_node.remote.server:main',
             'vla_policy_gripper_relay = vla_policy_node.ros.gripper_relay:main',
             'vla_policy_check_checkpoint = vla_policy_node.doctor:main',
+            'vla_policy_train_demo = vla_policy_node.train_demo:main',
         ],
     },
 )

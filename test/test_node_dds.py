@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from dds_helpers import (CAMERAS, image_msg, INSTRUCTION_TOPIC, JOINT_STATES_TOPIC, JOINTS, NS, NodeProcess, TestRig,
@@ -21,9 +22,12 @@ rclpy = pytest.importorskip('rclpy')
 
 from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 
+from vla_policy_node.demo import command_error_of  # noqa: E402
+from vla_policy_node.params import BUILTIN_DEMO  # noqa: E402
 from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
 from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag  # noqa: E402
 from vla_policy_node.replay.play import play  # noqa: E402
+from vla_policy_node.train_demo import DEMO_BAG_SPEC  # noqa: E402
 
 CHUNK = 10
 STARTUP_TIMEOUT = 60.0
@@ -462,6 +466,31 @@ def test_live_replay_trajectories_in_bag_time(own_node, checkpoint, fresh_rig, t
         # stamp_mode observation: the newest camera stamp, i.e. a camera frame time of the bag.
         assert abs((stamp - start) / camera_period - round((stamp - start) / camera_period)) < 1e-6
     assert proc.alive()
+
+
+@pytest.mark.timeout(180)
+def test_live_demo_trained_default_follows_the_recorded_command(own_node, checkpoint, fresh_rig, tmp_path):
+    """The demo live: its sample bag into the node with the trained default, then with the random weights
+    (same seed). The received chunks, stamped at their observation in bag time, against the recorded command:
+    the trained default's per-joint RMSE is at most 20% of the random weights'. Compared, not timed."""
+    rig = fresh_rig
+    bag = write_sample_bag(tmp_path / 'bag', DEMO_BAG_SPEC)
+    errors = {}
+    for name, weights in (('trained', BUILTIN_DEMO), ('random', checkpoint)):
+        proc = own_node(base_params(weights, use_sim_time=True, stamp_mode='observation'))
+        rig.clear()
+        count = play(bag, rate=0.5, context=rig.context, node_name=f'test_player_{name}', wait_for_subscribers=5.0)
+        assert count > 0
+        time.sleep(0.5)
+        plans = [(stamp_ns(m.header.stamp), np.array(times_of(m)), positions_of(m))
+                 for m in rig.trajectories_since(0) if not is_hold(m)]
+        assert len(plans) >= 20, f'{len(plans)} chunks\n{proc.log_tail()}'
+        errors[name] = {joint: e['rmse'] for joint, e in command_error_of(plans, bag, JOINTS).items()}
+        proc.stop()
+    print('\nlive per-joint RMSE [rad], trained vs random:',
+          {joint: (round(errors['trained'][joint], 4), round(errors['random'][joint], 4)) for joint in JOINTS})
+    for joint in JOINTS:
+        assert errors['trained'][joint] <= 0.2 * errors['random'][joint], (joint, errors)
 
 
 # ---- chunk hand-over ----------------------------------------------------------------------------------------

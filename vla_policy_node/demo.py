@@ -1,17 +1,22 @@
 """The demo: the real node as its own process, a sample bag replayed into it live over DDS.
 
-    python -m vla_policy_node.demo [--output artifacts/demo] [--rate 1.0] [--policy pi0|pi05|smolvla]
+    python -m vla_policy_node.demo [--output artifacts/demo] [--rate 1.0] [--policy demo|pi0|pi05|smolvla]
+                                   [--remote]
 
-1. writes the embedded default if missing: a tiny pi0 with RANDOM weights in
-   the lerobot layout, and a sample bag (3 cameras, instruction, joint states,
-   command topic);
-2. starts `vla_policy_node` with config/demo.yaml under use_sim_time;
+1. writes the sample bag (3 cameras, instruction, joint states, command topic) and, for comparison,
+   the tiny pi0 with RANDOM weights in the lerobot layout, if missing;
+2. starts `vla_policy_node` with config/demo.yaml (the embedded default, builtin:demo: the same tiny
+   pi0 trained on this bag by train_demo.py) under use_sim_time;
 3. replays the bag with /clock, shows ticks, latency and cache hit rate from
    /diagnostics, and records the trajectories that arrive into a bag;
-4. runs the offline evaluation on the same bag (plots, summary, output bag).
+4. runs the offline evaluation on the same bag (plots, summary, output bag), for the trained default and
+   the random weights, and prints each one's per-joint error against the recorded command (and the
+   live run's).
 
-With ``--remote`` the checkpoint is served by ``vla_policy_serve`` in its own process and the node and
-the offline evaluation both use ``backend: remote`` against it (same tick path, same results for a seed).
+``--policy pi0|pi05|smolvla`` runs a tiny RANDOM-weight checkpoint of that family instead of the trained
+default (the plumbing of that family, meaningless actions). With ``--remote`` the checkpoint is served by
+``vla_policy_serve`` in its own process and the node and the offline evaluation both use ``backend: remote``
+against it (same tick path, same results for a seed).
 """
 from __future__ import annotations
 
@@ -24,34 +29,88 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
 SHIPPED_PARAMS = ROOT / 'config' / 'vla_policy.yaml'
 TRAJECTORY_TYPE = 'trajectory_msgs/msg/JointTrajectory'
 ACTIVE_TIMEOUT_SEC = 120.0
+DEMO_CHECKPOINT = 'builtin:demo'
+# Chunks count from the newest camera stamp, live (node_command) and offline alike: the trained default
+# learned the recorded command from there (train_demo.py), and live trajectories are then in bag time.
+DEMO_OVERRIDES = {'stamp_mode': 'observation'}
+# (trajectory stamp ns, time_from_start [K] s, positions [K, J]) of one published chunk.
+Plan = Tuple[int, np.ndarray, np.ndarray]
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def prepare(output: Path, policy: str = 'pi0') -> Dict[str, Path]:
-    """The tiny checkpoint (of the ``policy`` family) and the sample bag, made only when missing."""
+def prepare(output: Path, policy: str = 'demo') -> Dict[str, Path]:
+    """The checkpoint the demo runs (``demo``: the trained default; else a tiny RANDOM-weight one of that
+    family), the random-weight pi0 it is compared with, and the sample bag; made only when missing."""
     from .policy.tiny_default import write_tiny_default
-    from .replay.make_bag import SampleBagSpec, write_sample_bag
+    from .replay.make_bag import write_sample_bag
+    from .settings import checkpoint_folder
+    from .train_demo import DEMO_BAG_SPEC
 
-    paths = {'checkpoint': output / f'tiny_{policy}', 'bag': output / 'sample_bag'}
-    if not (paths['checkpoint'] / 'model.safetensors').exists():
-        shutil.rmtree(paths['checkpoint'], ignore_errors=True)
-        write_tiny_default(paths['checkpoint'], policy)
-        _say(f'[demo] wrote the tiny {policy} checkpoint (RANDOM weights) to {paths["checkpoint"]}')
+    paths = {'random': output / 'tiny_pi0_random', 'bag': output / 'sample_bag'}
+    paths['checkpoint'] = checkpoint_folder(DEMO_CHECKPOINT) if policy == 'demo' else output / f'tiny_{policy}'
+    for name, family, what in (('random', 'pi0', 'for comparison'), ('checkpoint', policy, 'the demo runs it')):
+        if family == 'demo' or (paths[name] / 'model.safetensors').exists():
+            continue
+        shutil.rmtree(paths[name], ignore_errors=True)
+        write_tiny_default(paths[name], family)
+        _say(f'[demo] wrote the tiny {family} with RANDOM weights ({what}) to {paths[name]}')
     if not (paths['bag'] / 'metadata.yaml').exists():
         shutil.rmtree(paths['bag'], ignore_errors=True)
-        write_sample_bag(paths['bag'], SampleBagSpec(duration_sec=6.0))
-        _say(f'[demo] wrote a 6 s sample bag to {paths["bag"]}')
+        write_sample_bag(paths['bag'], DEMO_BAG_SPEC)
+        _say(f'[demo] wrote a {DEMO_BAG_SPEC.duration_sec:g} s sample bag to {paths["bag"]}')
     return paths
+
+
+def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """Per joint: RMSE/MAE of published chunks (stamped at their origin in bag time) against the bag's
+    recorded command, exactly as the offline report computes it (replay/report.py command_error)."""
+    from .observation import joint_positions
+    from .replay.bag_io import read_messages
+    from .replay.make_bag import COMMAND_TOPIC
+    from .replay.report import ReplayResult, TickRecord, command_error
+
+    times, positions = [], []
+    for message in read_messages(bag, [COMMAND_TOPIC]):
+        times.append(message.timestamp_ns)
+        positions.append(joint_positions(message.msg, joint_names, COMMAND_TOPIC))
+    records = [TickRecord(time_ns=stamp, plan_start_ns=stamp, plan_times_sec=np.asarray(offsets, dtype=np.float64),
+                          plan_positions=np.asarray(points, dtype=np.float64)) for stamp, offsets, points in plans]
+    joints = len(joint_names)
+    result = ReplayResult(output=bag, records=records, joint_names=list(joint_names),
+                          recorded_times_ns=np.zeros(0, dtype=np.int64), recorded_positions=np.zeros((0, joints)),
+                          command_times_ns=np.asarray(times, dtype=np.int64),
+                          command_positions=np.asarray(positions, dtype=np.float64).reshape(-1, joints), summary={})
+    return command_error(result)
+
+
+def error_table(columns: Dict[str, Optional[Dict[str, Any]]], ratio: Optional[Tuple[str, str]] = None) -> List[str]:
+    """Lines of a per-joint RMSE table, one column per run (None: no figures); ``ratio`` (a, b) adds a / b."""
+    names = next((list(e) for e in columns.values() if e), [])
+    titles = list(columns) + ([f'{ratio[0].split()[0]}/{ratio[1].split()[0]}'] if ratio else [])
+    lines = [f"{'joint':<10}" + ''.join(f'{title:>16}' for title in titles)]
+    for name in names + ['mean']:
+        values: Dict[str, Optional[float]] = {}
+        for title, errors in columns.items():
+            values[title] = None if not errors else (
+                float(np.mean([e['rmse'] for e in errors.values()])) if name == 'mean' else errors[name]['rmse'])
+        cells = [f"{'-':>16}" if value is None else f'{value:>16.4f}' for value in values.values()]
+        if ratio:
+            a, b = values[ratio[0]], values[ratio[1]]
+            cells.append(f"{'-':>16}" if a is None or not b else f'{a / b:>16.1%}')
+        lines.append(f'{name:<10}' + ''.join(cells))
+    return lines
 
 
 def node_command(checkpoint: Path, remote: Optional[Dict[str, object]] = None) -> List[str]:
@@ -118,6 +177,7 @@ class Monitor:
         self.diagnostics_at: Optional[float] = None      # time.monotonic() of the last /diagnostics
         self.trajectories = 0
         self.holds = 0
+        self.plans: List[Plan] = []
         self.first_stamp_ns: Optional[int] = None
         self.last_stamp_ns: Optional[int] = None
         self._lock = threading.Lock()
@@ -135,7 +195,12 @@ class Monitor:
         with self._lock:
             self.trajectories += 1
             # A hold (one point, zero velocity) is the safety layer keeping the arm still, not a chunk.
-            self.holds += len(msg.points) == 1 and not any(msg.points[0].velocities)
+            hold = len(msg.points) == 1 and not any(msg.points[0].velocities)
+            self.holds += hold
+            if not hold:
+                self.plans.append((stamp_ns, np.array([p.time_from_start.sec + p.time_from_start.nanosec / 1e9
+                                                       for p in msg.points]),
+                                   np.array([list(p.positions) for p in msg.points])))
             self.first_stamp_ns = self.first_stamp_ns or stamp_ns
             self.last_stamp_ns = stamp_ns
             self._received.append((self.node.get_clock().now().nanoseconds or stamp_ns, serialize_message(msg)))
@@ -234,6 +299,7 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float,
         time.sleep(1.5)  # the last chunks and one more /diagnostics
         _say(monitor.progress_line(duration, duration))
         return {'published': published, 'trajectories': monitor.trajectories, 'holds': monitor.holds,
+                'plans': list(monitor.plans),
                 'diagnostics': monitor.diagnostics,
                 'first_stamp_ns': monitor.first_stamp_ns, 'last_stamp_ns': monitor.last_stamp_ns,
                 'live_bag': live_bag, 'log': log_path}
@@ -252,8 +318,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--output', type=Path, default=ROOT / 'artifacts' / 'demo')
     parser.add_argument('--rate', type=float, default=1.0, help='bag replay speed factor')
-    parser.add_argument('--policy', default='pi0', choices=('pi0', 'pi05', 'smolvla'),
-                        help='the tiny random-weight policy family to run (default pi0)')
+    parser.add_argument('--policy', default='demo', choices=('demo', 'pi0', 'pi05', 'smolvla'),
+                        help='demo: the trained default (builtin:demo); pi0, pi05, smolvla: a tiny RANDOM-weight '
+                             'checkpoint of that family')
     parser.add_argument('--remote', action='store_true',
                         help='serve the checkpoint with vla_policy_serve and run node and replay with backend remote')
     args = parser.parse_args(argv)
@@ -275,10 +342,15 @@ def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote:
     _say('[demo] offline evaluation of the same bag (same params, same tick path)')
     from .replay.offline import replay
 
-    report = output / 'report'
-    shutil.rmtree(report, ignore_errors=True)
-    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']), overrides=remote)
+    report, random_report = output / 'report', output / 'report_random'
+    for folder in (report, random_report):
+        shutil.rmtree(folder, ignore_errors=True)
+    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']),
+                    overrides=dict(DEMO_OVERRIDES, **(remote or {})))
+    random_result = replay(paths['bag'], DEMO_PARAMS, random_report, checkpoint=str(paths['random']),
+                           overrides=DEMO_OVERRIDES)
     summary = result.summary
+    live_error = command_error_of(live['plans'], paths['bag'], result.joint_names) if live['plans'] else None
     total = summary['latency_ms'].get('total', {})
     _say('\n=== demo summary ===')
     _say(f"live over DDS: {live['trajectories'] - live['holds']} chunks and {live['holds']} holds received for "
@@ -293,10 +365,18 @@ def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote:
     _say(f'live trajectories (rosbag2): {live["live_bag"]}')
     _say(f'node log: {live["log"]}')
     _say(f'report: {report}/summary.json, {report}/chunks.png, {report}/latency.png, {report}/handover.png, '
-         f'{report}/trajectories/')
+         f'{report}/trajectories/ (the random weights: {random_report}/)')
+    _say('\nper-joint RMSE against the recorded /joint_command [rad], same bag, seed '
+         f"{summary['seed']}:")
+    ran = 'trained' if args.policy == 'demo' else f'{args.policy} (random)'
+    for line in error_table({f'{ran} offline': summary['command_error'],
+                             'random offline': random_result.summary['command_error'],
+                             f'{ran} live': live_error}, ratio=(f'{ran} offline', 'random offline')):
+        _say('  ' + line)
     shipped = os.path.relpath(SHIPPED_PARAMS)
-    _say('\nNOTE: the policy has RANDOM weights (the embedded tiny default): the trajectories exercise the '
-         f'whole pipeline but mean nothing. The shipped parameters run the same default as they are:\n'
+    _say('\nNOTE: the embedded default (builtin:demo) is a tiny pi0 trained on this sample bag only: it follows '
+         'the recorded motion and knows nothing else (a hold\'s end, which nothing in the inputs announces, '
+         f'it cannot predict). The shipped parameters run the same default as they are:\n'
          f'  vla_policy_node --ros-args --params-file {shipped}\n'
          f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0/pi0.5 '
          'pretrained_model folder), tokenizer_path, joint_names and the camera topics, then:\n'

@@ -21,13 +21,14 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 from .backends import load_backend
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
 from .outputs import Output, build_outputs
-from .params import BUILTIN_TINY, effective, effective_output_topic, validate
+from .params import BUILTIN_DEMO, BUILTIN_TINY, effective, effective_output_topic, validate
 from .policy.config import PolicyConfig
 from .policy.rtc import RTCSettings
 from .policy.tiny_default import builtin_tiny_checkpoint
 from .runtime import PolicyRuntime, set_cpu_threads
 from .safety import SafetySettings
 from .tick import TickSettings
+from .train_demo import builtin_demo_checkpoint
 
 
 @dataclass
@@ -133,12 +134,17 @@ def cpu_threads(setting: int, cpus: Optional[int] = None) -> int:
     return max(1, min(cpus // 2, cpus - 2))
 
 
+def checkpoint_folder(checkpoint: str) -> Path:
+    """The folder a checkpoint_path names: an embedded checkpoint (builtin:demo, builtin:tiny) or a path."""
+    builtin = {BUILTIN_TINY: builtin_tiny_checkpoint, BUILTIN_DEMO: builtin_demo_checkpoint}.get(checkpoint)
+    return builtin() if builtin is not None else Path(checkpoint)
+
+
 def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
     """The runtime a set of parameter values describes (checkpoint, device, dtype, cache, threads)."""
     set_cpu_threads(cpu_threads(values['cpu_threads']))
-    checkpoint = values['checkpoint_path']
-    path = builtin_tiny_checkpoint() if checkpoint == BUILTIN_TINY else Path(checkpoint)
-    return PolicyRuntime.from_pretrained(path, device=values['device'], dtype=values['dtype'],
+    return PolicyRuntime.from_pretrained(checkpoint_folder(values['checkpoint_path']), device=values['device'],
+                                         dtype=values['dtype'],
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'],
@@ -151,6 +157,9 @@ def load_local(values: Mapping[str, Any], info: Callable[[str], None] = lambda m
     if values['checkpoint_path'] == BUILTIN_TINY and warn is not None:
         warn('checkpoint_path is builtin:tiny: a tiny pi0 with RANDOM weights; its actions are meaningless. '
              'Set checkpoint_path to a real lerobot pretrained_model folder.')
+    if values['checkpoint_path'] == BUILTIN_DEMO and warn is not None:
+        warn('checkpoint_path is builtin:demo: a tiny pi0 trained on the sample bag only; it knows that one '
+             'recorded motion and nothing else. Set checkpoint_path to a real lerobot pretrained_model folder.')
     runtime = load_runtime(values)
     runtime.checkpoint_path = str(values['checkpoint_path'])
     return runtime

@@ -207,7 +207,8 @@ class PolicyServer:
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog='vla_policy_serve', description=__doc__.split('\n\n')[0])
-    parser.add_argument('--checkpoint', required=True, help='lerobot pretrained_model folder (or builtin:tiny)')
+    parser.add_argument('--checkpoint', required=True,
+                        help='lerobot pretrained_model folder (or builtin:demo, builtin:tiny)')
     parser.add_argument('--port', type=int, default=8000, help='0: any free port (printed)')
     parser.add_argument('--host', default='127.0.0.1', help='0.0.0.0 to serve other machines (put TLS in front)')
     parser.add_argument('--api-key-file', type=Path, help='file holding the API key clients must send')
@@ -222,9 +223,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='[vla_policy_serve] %(message)s')
-    from ..params import BUILTIN_TINY
-    from ..policy.tiny_default import builtin_tiny_checkpoint
     from ..runtime import PolicyRuntime
+    from ..settings import checkpoint_folder
 
     api_key = ''
     if args.api_key_file is not None:
@@ -239,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not 0 < args.max_message_mib <= 1024 or args.max_queue < 1:
         print('vla_policy_serve: error: --max-message-mib must be in (0, 1024] and --max-queue >= 1', file=sys.stderr)
         return 2
-    path = builtin_tiny_checkpoint() if args.checkpoint == BUILTIN_TINY else Path(args.checkpoint)
+    path = checkpoint_folder(args.checkpoint)
     try:
         runtime = PolicyRuntime.from_pretrained(path, device=args.device, dtype=args.dtype,
                                                 tokenizer_path=args.tokenizer)

@@ -12,7 +12,16 @@ The bag mimics a multi-camera manipulation recording:
 
 Between ``hold_start_sec`` and ``hold_end_sec`` the scene (and robot) is frozen,
 so every camera frame in that window is byte-identical; that is what an
-exact-match prefix cache should hit on.
+exact-match prefix cache should hit on. After it the scene clock resumes
+smoothly (its rate ramps from 0 to 1 over ``resume_sec``), as an arm resuming
+from rest accelerates instead of jumping to full speed.
+
+The frames carry the motion: each camera's square circles with the scene
+clock, and a white marker shows two of the arm's joints (camera k: joints 2k
+and 2k + 1, as x and y), so a policy trained on the bag (train_demo.py) can
+read where the arm is and where the motion goes from its cameras. Nothing in
+the frames or the joints tells when a hold ends: that part of the recorded
+command no policy can predict.
 """
 from __future__ import annotations
 
@@ -74,6 +83,8 @@ class SampleBagSpec:
     # byte-identical to the first frame of the window. Set end <= start for none.
     hold_start_sec: float = 1.0
     hold_end_sec: float = 2.0
+    # After the hold the scene clock's rate ramps linearly from 0 to 1 over this long (0: resumes at full speed).
+    resume_sec: float = 1.5
     start_time_ns: int = 1_700_000_000 * NS_PER_SEC
     seed: int = 0
     storage: str = 'sqlite3'
@@ -92,6 +103,8 @@ class SampleBagSpec:
             raise ValueError('duration and rates must be positive')
         if not self.joint_names:
             raise ValueError('at least one joint name is required')
+        if self.resume_sec < 0:
+            raise ValueError('resume_sec must be >= 0')
 
 
 def camera_topic(name: str) -> str:
@@ -150,17 +163,26 @@ def in_hold_window(spec: SampleBagSpec, t_sec: float) -> bool:
 
 
 def scene_time(spec: SampleBagSpec, t_sec: float) -> float:
-    """Time as seen by the scene: it stops during the hold window, then resumes.
+    """Time as seen by the scene: it stops during the hold window, then resumes, its rate ramping from 0
+    to 1 over ``resume_sec``.
 
     Freezing the scene clock (instead of special-casing frames) keeps pictures
     and joints consistent and makes hold-window frames identical by construction.
     """
+    return _scene_clock(spec, t_sec)[0]
+
+
+def _scene_clock(spec: SampleBagSpec, t_sec: float) -> Tuple[float, float]:
+    """(scene time, its rate d scene / dt) at bag-relative ``t_sec``."""
     hold = max(0.0, spec.hold_end_sec - spec.hold_start_sec)
     if hold == 0.0 or t_sec < spec.hold_start_sec:
-        return t_sec
+        return t_sec, 1.0
     if t_sec < spec.hold_end_sec:
-        return spec.hold_start_sec
-    return t_sec - hold
+        return spec.hold_start_sec, 0.0
+    resumed, ramp = t_sec - spec.hold_end_sec, spec.resume_sec
+    if resumed < ramp:
+        return spec.hold_start_sec + resumed * resumed / (2.0 * ramp), resumed / ramp
+    return spec.hold_start_sec + resumed - ramp / 2.0, 1.0
 
 
 # --- pictures -----------------------------------------------------------------
@@ -178,7 +200,9 @@ def render_frame(spec: SampleBagSpec, camera_index: int, t_sec: float) -> np.nda
     """The (height, width, 3) uint8 RGB picture camera ``camera_index`` sees at ``t_sec``.
 
     A tinted gradient background with a coloured square that circles at a
-    camera-specific phase; ``t_sec`` is bag-relative and passes through the hold.
+    camera-specific phase, and a white marker at two of the arm's joints (camera
+    k: joints 2k, 2k + 1 as x, y, each scaled by its amplitude to the frame);
+    ``t_sec`` is bag-relative and passes through the hold.
     """
     s = scene_time(spec, t_sec)
     tint, colour, phase = _camera_style(spec, camera_index)
@@ -194,6 +218,16 @@ def render_frame(spec: SampleBagSpec, camera_index: int, t_sec: float) -> np.nda
     cx = int(round((w - side) / 2 * (1.0 + 0.8 * math.cos(angle))))
     cy = int(round((h - side) / 2 * (1.0 + 0.8 * math.sin(angle))))
     frame[cy:cy + side, cx:cx + side] = colour
+
+    amplitude, _, _ = _joint_motion(spec)
+    positions = joint_state_at(spec, t_sec)[0] / amplitude                    # each in [-1, 1]
+    n = len(positions)
+    mark = max(2, min(w, h) // 8)
+    x = positions[(2 * camera_index) % n]
+    y = positions[(2 * camera_index + 1) % n]
+    mx = int(round((w - mark) / 2 * (1.0 + 0.9 * x)))
+    my = int(round((h - mark) / 2 * (1.0 + 0.9 * y)))
+    frame[my:my + mark, mx:mx + mark] = 255
     return np.clip(frame, 0, 255).astype(np.uint8)
 
 
@@ -249,16 +283,13 @@ def _joint_motion(spec: SampleBagSpec) -> Tuple[np.ndarray, np.ndarray, np.ndarr
 def joint_state_at(spec: SampleBagSpec, t_sec: float) -> Tuple[np.ndarray, np.ndarray]:
     """(positions, velocities) of the robot at bag-relative ``t_sec``.
 
-    Velocities are the analytic derivative, and zero while the scene is held.
+    Velocities are the analytic derivative: zero while the scene is held, ramping up as it resumes.
     """
     amplitude, frequency, phase = _joint_motion(spec)
     omega = 2.0 * math.pi * frequency
-    s = scene_time(spec, t_sec)
+    s, rate = _scene_clock(spec, t_sec)
     positions = amplitude * np.sin(omega * s + phase)
-    if in_hold_window(spec, t_sec):
-        velocities = np.zeros_like(positions)
-    else:
-        velocities = amplitude * omega * np.cos(omega * s + phase)
+    velocities = amplitude * omega * np.cos(omega * s + phase) * rate
     return positions.astype(np.float64), velocities.astype(np.float64)
 
 
