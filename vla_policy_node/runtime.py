@@ -40,6 +40,9 @@ CameraInput = Union[RawImage, CompressedFrame, np.ndarray, None]
 STAGES = ('hash', 'preprocess', 'prefix', 'denoise')
 DEFAULT_CACHE_BYTES = 1 << 30
 DEFAULT_CACHE_ENTRIES = 16
+# ActionChunk.timings_clock: how the stage timings were measured.
+HOST_CLOCK = 'host'                  # time.perf_counter around each stage (CPU)
+CUDA_EVENTS_CLOCK = 'cuda_events'    # CUDA events on the stream at the stage boundaries (GPU-true)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class ActionChunk:
     camera_slots: Tuple[str, ...] = field(default_factory=tuple)
     normalized: Optional[np.ndarray] = None     # [horizon, action_dim] in the model's space (an RTC leftover)
     continued: bool = False                     # steered by a previous chunk's leftover (real-time chunking)
+    timings_clock: str = HOST_CLOCK             # what measured timings_ms: 'cuda_events' (GPU-true) or 'host'
 
     @property
     def total_ms(self) -> float:
@@ -99,25 +103,51 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 class _StageTimer:
-    """Wall-clock per stage; synchronises CUDA at stage boundaries so kernels are charged to their stage."""
+    """Per-stage milliseconds: CUDA events on a CUDA device (GPU-true: each stage is the time between events
+    recorded on the stream at its boundaries, no synchronize inside the chunk, one wait at ``result``),
+    ``time.perf_counter`` on the CPU. ``clock`` labels which one made the figures."""
 
     def __init__(self, device: torch.device) -> None:
-        self._sync = device.type == 'cuda'
-        self.ms: Dict[str, float] = {stage: 0.0 for stage in STAGES}
+        self._cuda = device.type == 'cuda'
+        self.clock = CUDA_EVENTS_CLOCK if self._cuda else HOST_CLOCK
+        self._host_ms: Dict[str, float] = {stage: 0.0 for stage in STAGES}
+        self._events: List[Tuple[str, object, object]] = []     # (stage, start event, end event) on CUDA
         self._stage: Optional[str] = None
-        self._start = 0.0
+        self._start: object = 0.0
+
+    def _mark(self) -> object:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
 
     def start(self, stage: str) -> None:
         self.stop()
-        self._stage, self._start = stage, time.perf_counter()
+        self._stage, self._start = stage, self._mark()
 
     def stop(self) -> None:
         if self._stage is None:
             return
-        if self._sync:
-            torch.cuda.synchronize()
-        self.ms[self._stage] += (time.perf_counter() - self._start) * 1e3
+        end = self._mark()
+        if self._cuda:
+            self._events.append((self._stage, self._start, end))
+        else:
+            self._host_ms[self._stage] += (end - self._start) * 1e3
         self._stage = None
+
+    @property
+    def ms(self) -> Dict[str, float]:
+        """Milliseconds per stage (on CUDA this waits for the last event, once per chunk)."""
+        self.stop()
+        if not self._cuda:
+            return dict(self._host_ms)
+        totals = {stage: 0.0 for stage in STAGES}
+        if self._events:
+            self._events[-1][2].synchronize()
+        for stage, start, end in self._events:
+            totals[stage] += start.elapsed_time(end)
+        return totals
 
 
 class PolicyRuntime:
@@ -372,7 +402,7 @@ class PolicyRuntime:
         actions = normalized[0, :, :cfg.action_dim].float().cpu().numpy()
         timer.stop()
         return ActionChunk(actions=self._postprocess(actions, prepared.raw_state), cache_hit=hit,
-                           timings_ms=dict(timer.ms), key=key, num_steps=steps,
+                           timings_ms=timer.ms, timings_clock=timer.clock, key=key, num_steps=steps,
                            camera_slots=tuple(name for name, _ in slots), normalized=actions,
                            continued=rtc is not None and leftover is not None and len(leftover) > 0)
 
