@@ -22,6 +22,8 @@ import torch
 
 from .cache import PrefixCache, PrefixContext, PrefixKeyBuilder
 from .cache.key import weights_digest
+from .fast_path import (DEFAULT_MAX_GRAPH_BYTES, DEFAULT_MAX_GRAPHS, Generations, PrefixGraphs, StaticDenoiser,
+                        check_buckets, fit_to_bucket, resolve_cuda_graphs)
 from .images import (DEFAULT_MAX_PIXELS, CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame,
                      frame_from_msg)
 from .observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
@@ -157,10 +159,20 @@ class PolicyRuntime:
                  action_normalizer: FeatureNormalizer, model_revision: str, *,
                  cache_max_bytes: int = DEFAULT_CACHE_BYTES, cache_max_entries: int = DEFAULT_CACHE_ENTRIES,
                  cache_enabled: bool = True, num_steps: Optional[int] = None,
-                 pi05_padded_state_prompt: bool = False) -> None:
+                 pi05_padded_state_prompt: bool = False, cuda_graphs: str = 'off',
+                 static_workspace: bool = False, prompt_buckets: Optional[Sequence[int]] = None,
+                 compile_denoise: bool = False, max_graphs: int = DEFAULT_MAX_GRAPHS,
+                 max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES) -> None:
         """``pi05_padded_state_prompt``: bin the state zero-padded to max_state_dim into the pi0.5 prompt, as
         lerobot did from 2025-10-02 (#1910) to 2026-03-05 (#2964); only for checkpoints fine-tuned with those
-        releases. The default is the unpadded state of current lerobot and openpi (policy/tokenizer.py)."""
+        releases. The default is the unpadded state of current lerobot and openpi (policy/tokenizer.py).
+
+        The fast path (fast_path.py): ``cuda_graphs`` auto | on | off (``on`` without CUDA raises
+        FastPathError); ``static_workspace`` runs the denoise through the static K/V workspace eagerly (what
+        the graphs replay; implied by graphs); ``prompt_buckets`` pads the prompt to the smallest bucket that
+        holds it (default: one bucket at tokenizer_max_length); ``compile_denoise`` wraps the loop in
+        torch.compile (off by default: Jetson wheels have no Triton); ``max_graphs`` / ``max_graph_bytes``
+        bound the graph cache."""
         self.model = model
         self.config: PolicyConfig = model.config
         if pi05_padded_state_prompt and self.config.policy_type != 'pi05':
@@ -183,6 +195,18 @@ class PolicyRuntime:
         self._keys = PrefixKeyBuilder(model_revision, tokenizer.identity, str(self.dtype).replace('torch.', ''))
         self._lock = threading.Lock()
         self._warned_oversize = False
+        graphs = resolve_cuda_graphs(cuda_graphs, self.device)
+        self.cuda_graphs = cuda_graphs
+        self.prompt_buckets = check_buckets(prompt_buckets, self.config.tokenizer_max_length)
+        self._generations = Generations()
+        self._fast: Optional[StaticDenoiser] = None
+        self._prefix_graphs: Optional[PrefixGraphs] = None
+        if graphs or static_workspace or compile_denoise:
+            strict = cuda_graphs == 'on'
+            self._fast = StaticDenoiser(model, family_name=self.config.policy_type, graphs=graphs, strict=strict,
+                                        max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
+                                        compile_loop=compile_denoise)
+            self._prefix_graphs = PrefixGraphs(model, graphs=graphs, strict=strict, max_graph_bytes=max_graph_bytes)
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
@@ -191,6 +215,7 @@ class PolicyRuntime:
         """Load a lerobot ``pretrained_model/`` folder. ``options`` go to the constructor."""
         torch_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, torch_device)
+        resolve_cuda_graphs(options.get('cuda_graphs', 'off'), torch_device)     # refused before loading anything
         loaded = load_checkpoint(Path(path), torch_device, torch_dtype)
         tokenizer_file = Path(tokenizer_path) if tokenizer_path else loaded.tokenizer_path
         if tokenizer_file is None:
@@ -289,6 +314,7 @@ class PolicyRuntime:
         normalized = self.state_normalizer.normalize(raw_state)
         tokens, token_mask = self._tokens(self._instruction(observation.instruction, max_instruction_length),
                                           normalized)
+        tokens, token_mask = fit_to_bucket(tokens, token_mask, self.prompt_buckets)
         return _Prepared(slots, raw_state, normalized, tokens, token_mask)
 
     def prefix_key(self, observation: Observation) -> str:
@@ -389,16 +415,24 @@ class PolicyRuntime:
             tokens_t = torch.from_numpy(tokens)[None].to(self.device)
             mask_t = torch.from_numpy(token_mask)[None].to(self.device)
             timer.start('prefix')
-            context = self.model.fill_prefix(images, image_masks, tokens_t, mask_t)
+            fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.model.fill_prefix
+            context = fill(images, image_masks, tokens_t, mask_t)
             timer.stop()
+            entry = self._generations.new(key)
             if use_cache:
                 self._store(key, context)
+        else:
+            entry = self._generations.token(key) or self._generations.new(key)
         timer.start('denoise')
         state = np.zeros(cfg.max_state_dim, dtype=np.float32)                        # pi0's state token input
         state[:cfg.state_dim] = prepared.normalized_state
         state_t = torch.from_numpy(state)[None].to(self.device)
-        normalized = self.model.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
-                                        **continuation)                                 # [1, H, max_action_dim]
+        if self._fast is not None:
+            normalized = self._fast.denoise(context, entry, state_t, noise_tensor, steps,
+                                            prev_chunk_left_over=leftover, **continuation)
+        else:
+            normalized = self.model.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
+                                            **continuation)                             # [1, H, max_action_dim]
         actions = normalized[0, :, :cfg.action_dim].float().cpu().numpy()
         timer.stop()
         return ActionChunk(actions=self._postprocess(actions, prepared.raw_state), cache_hit=hit,
@@ -443,6 +477,8 @@ class PolicyRuntime:
         return torch.stack(images)[None], torch.tensor([masks], device=self.device)
 
     def _store(self, key: str, context: PrefixContext) -> None:
+        if len(self._generations) > 2 * self.cache.stats().max_entries + 8:
+            self._generations.forget_unless(lambda stored: stored in self.cache)
         if not self.cache.put(key, context) and not self._warned_oversize:
             self._warned_oversize = True
             stats = self.cache.stats()
@@ -467,9 +503,18 @@ class PolicyRuntime:
         element = torch.tensor([], dtype=self.dtype).element_size()
         return cfg.kv_bytes_per_token(element) * cfg.prefix_len
 
+    def fast_path_summary(self) -> Dict[str, object]:
+        """The fast path's figures for /diagnostics and the replay summary (cuda_graphs mode, graphs, copies)."""
+        summary: Dict[str, object] = {'cuda_graphs_mode': self.cuda_graphs,
+                                      'prompt_buckets': list(self.prompt_buckets)}
+        if self._fast is not None:
+            summary.update(self._fast.describe())
+        return summary
+
     def close(self) -> None:
         """Drop the cache and the model; return device memory to the allocator's owner."""
         self.cache.clear()
+        self._fast = self._prefix_graphs = None
         self.model = None  # type: ignore[assignment]
         if self.device.type == 'cuda':
             torch.cuda.empty_cache()

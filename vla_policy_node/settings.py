@@ -110,7 +110,8 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'],
-                                         pi05_padded_state_prompt=values['pi05_padded_state_prompt'])
+                                         pi05_padded_state_prompt=values['pi05_padded_state_prompt'],
+                                         cuda_graphs=values['cuda_graphs'])
 
 
 def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] = None,

@@ -26,7 +26,7 @@ from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
 from .layers import additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
-from .rtc import RTCSettings, prepare_guide, step_times
+from .rtc import RTCGuide, RTCSettings, prepare_guide, step_times
 from .siglip import SiglipVisionTower
 
 # Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
@@ -51,6 +51,19 @@ class SuffixLayout:
     sin: torch.Tensor
     mask: torch.Tensor
     state: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class ChunkSetup:
+    """One chunk's fixed inputs to the Euler loop: layout, K/V workspace [L, 2, B, K, P + S, D] (prefix and
+    state part filled), time terms [N + 1, W], RTC guide or None, noise [B, H, A] fp32, steps."""
+
+    layout: SuffixLayout
+    workspace: torch.Tensor
+    time_terms: torch.Tensor
+    guide: Optional[RTCGuide]
+    noise: torch.Tensor
+    num_steps: int
 
 
 class MultiModalProjector(nn.Module):
@@ -166,8 +179,9 @@ class PiZeroModel(nn.Module):
             raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
         if tuple(image_masks.shape) != (images.shape[0], cameras):
             raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
-        if tokens.shape != token_masks.shape or tokens.shape[1] != cfg.tokenizer_max_length:
-            raise ValueError(f'tokens and token_masks must be [B, {cfg.tokenizer_max_length}], '
+        # Up to tokenizer_max_length: a prompt bucket (fast_path.fit_to_bucket) drops masked padding only.
+        if tokens.shape != token_masks.shape or not 0 < tokens.shape[1] <= cfg.tokenizer_max_length:
+            raise ValueError(f'tokens and token_masks must be [B, <= {cfg.tokenizer_max_length}], '
                              f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
 
     # ---- suffix --------------------------------------------------------------------
@@ -246,7 +260,7 @@ class PiZeroModel(nn.Module):
                 num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                 inference_delay: int = 0, execution_horizon: Optional[int] = None,
                 rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        """Flow-matching Euler integration against a read-only prefix.
+        """Flow-matching Euler integration against a read-only prefix: ``chunk_setup`` then ``euler_loop``.
 
         state [B, max_state_dim] (normalised; pi0 only, ignored by pi0.5); noise [B, H, max_action_dim].
         With ``rtc`` and a previous chunk's unexecuted actions (normalised, [T, A'] or [B, T, A']), the
@@ -254,6 +268,21 @@ class PiZeroModel(nn.Module):
         execution_horizon); without, the loop is exactly the plain one.
         Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
         """
+        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.euler_loop(chunk)
+
+    @torch.no_grad()
+    def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
+                    num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                    inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                    rtc: Optional[RTCSettings] = None, workspace: Optional[torch.Tensor] = None) -> 'ChunkSetup':
+        """Everything fixed for one chunk: K/V workspace (prefix copied in, pi0's state token written),
+        suffix layout, time terms and the RTC guide.
+
+        ``workspace``: a caller-owned K/V buffer [L, 2, B, K, P + S, D] whose first P positions already hold
+        ``context.kv`` (the static workspace of vla_policy_node/fast_path.py); nothing is allocated or copied
+        then, and the state part is written into it."""
         cfg = self.config
         num_steps = int(num_steps or cfg.num_inference_steps)
         if num_steps < 1:
@@ -265,8 +294,13 @@ class PiZeroModel(nn.Module):
         layout = self._suffix_layout(context)
         # The prefix K/V is copied once per chunk into a [P + S] buffer; each step
         # writes only the action tokens' part, so the stored context is never touched.
-        workspace = context.kv.new_empty(*context.kv.shape[:4], prefix_len + cfg.suffix_len, context.kv.shape[-1])
-        workspace[..., :prefix_len, :] = context.kv
+        shape = (*context.kv.shape[:4], prefix_len + cfg.suffix_len, context.kv.shape[-1])
+        if workspace is None:
+            workspace = context.kv.new_empty(shape)
+            workspace[..., :prefix_len, :] = context.kv
+        elif tuple(workspace.shape) != shape or workspace.dtype != context.kv.dtype:
+            raise ValueError(f'workspace must be {list(shape)} {context.kv.dtype}, got {list(workspace.shape)} '
+                             f'{workspace.dtype}')
         if layout.state is not None:
             if state is None:
                 raise ValueError('pi0 needs the normalised state')
@@ -275,14 +309,20 @@ class PiZeroModel(nn.Module):
         time_terms = self._time_terms(num_steps)                                        # [N + 1, W]
         guide = prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
                               cfg.rtc_training_max_delay)
+        return ChunkSetup(layout, workspace, time_terms, guide, noise.float(), num_steps)
+
+    @torch.no_grad()
+    def euler_loop(self, chunk: 'ChunkSetup') -> torch.Tensor:
+        """The per-step loop: x <- x + dt * v(x, t) for every step, from the chunk's noise -> [B, H, A] fp32."""
+        guide, layout = chunk.guide, chunk.layout
         clean = guide.clamp[..., 0] if guide is not None and guide.clamp is not None else None   # [B, H]
-        dt = -1.0 / num_steps
-        x_t = noise.float()
-        for step in range(num_steps):
+        dt = -1.0 / chunk.num_steps
+        x_t = chunk.noise
+        for step in range(chunk.num_steps):
             if guide is not None:
                 x_t = guide.clamp_prefix(x_t)
-            tokens, cond = self._embed_suffix(x_t, time_terms, step, clean)            # [B, H, W]
-            hidden = self._expert.suffix_forward(tokens, workspace, layout.start, layout.cos, layout.sin,
+            tokens, cond = self._embed_suffix(x_t, chunk.time_terms, step, clean)      # [B, H, W]
+            hidden = self._expert.suffix_forward(tokens, chunk.workspace, layout.start, layout.cos, layout.sin,
                                                  layout.mask, cond)
             velocity = self.action_out_proj(hidden.float())                             # [B, H, A]
             if guide is not None:
