@@ -253,8 +253,10 @@ def ref_embed_suffix(model, state, x_t, t):
     return embs, pad, torch.tensor(ar, dtype=torch.long)[None].expand(batch, -1), cond
 
 
-def ref_joint_forward(model, prefix_embs, suffix_embs, att_2d, positions, cond):
-    """Both streams, every layer, one joint attention; returns the expert's final-normed suffix output."""
+def ref_joint_forward(model, prefix_embs, suffix_embs, att_2d, positions, cond, record=None):
+    """Both streams, every layer, one joint attention; returns the expert's final-normed suffix output.
+
+    ``record``: a list that gets (k, v, expert hidden) per layer (bench/bf16_accuracy.py compares them)."""
     cfg = model.config
     eps = cfg.rms_norm_eps
     streams = [model.paligemma_with_expert.paligemma.model.language_model,
@@ -296,11 +298,13 @@ def ref_joint_forward(model, prefix_embs, suffix_embs, att_2d, positions, cond):
             m = F.linear(gated, mlp.down_proj.weight)
             new_xs.append(r + m if gate2 is None else r + m * gate2)
         xs = new_xs
+        if record is not None:
+            record.append((k[:, ::heads // kv_heads], v[:, ::heads // kv_heads], xs[1][:, -cfg.chunk_size:].float()))
     out, _ = ref_norm(streams[1].norm, xs[1], cond, eps)
     return out
 
 
-def ref_sample_actions(model, images, image_masks, tokens, token_masks, state, noise, num_steps):
+def ref_sample_actions(model, images, image_masks, tokens, token_masks, state, noise, num_steps, record=None):
     cfg = model.config
     prefix_embs, prefix_pad, prefix_ar = ref_embed_prefix(model, images, image_masks, tokens, token_masks)
     dt = -1.0 / num_steps
@@ -313,7 +317,8 @@ def ref_sample_actions(model, images, image_masks, tokens, token_masks, state, n
         ar = torch.cat([prefix_ar, suffix_ar], dim=1)
         att_2d = make_att_2d_masks(pad, ar)
         positions = torch.cumsum(pad.long(), dim=1) - 1
-        out = ref_joint_forward(model, prefix_embs, suffix_embs, att_2d, positions, cond)
+        out = ref_joint_forward(model, prefix_embs, suffix_embs, att_2d, positions, cond,
+                                record if step == 0 else None)
         v_t = F.linear(out[:, -cfg.chunk_size:].float(), model.action_out_proj.weight, model.action_out_proj.bias)
         x_t = x_t + dt * v_t
     return x_t
