@@ -41,6 +41,7 @@ for _path in (ROOT, ROOT / 'bench'):
 from vla_policy_node.cache import PrefixKeyBuilder  # noqa: E402
 from vla_policy_node.images import RawImage  # noqa: E402
 from vla_policy_node.policy.config import preset  # noqa: E402
+from vla_policy_node.policy.families import family_class  # noqa: E402
 from vla_policy_node.policy.normalize import FeatureNormalizer  # noqa: E402
 from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
 from vla_policy_node.policy.tiny_default import statistics as norm_statistics  # noqa: E402
@@ -84,7 +85,8 @@ def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, t
     _fuse(model)
     state = FeatureNormalizer('observation.state', 'MEAN_STD', norm_statistics(config.state_dim, 0.5))
     action = FeatureNormalizer('action', 'MEAN_STD', norm_statistics(config.action_dim, 0.2))
-    return PolicyRuntime(model, tokenizer, state, action, model_revision=f'random-{preset_name}')
+    policy = family_class(config.policy_type)(config, model, state, action, tokenizer, Path('random'))
+    return PolicyRuntime(policy, model_revision=f'random-{preset_name}')
 
 
 def _fuse(model: PiZeroModel) -> None:

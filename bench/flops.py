@@ -58,10 +58,10 @@ def prefix_flops(config: PolicyConfig) -> int:
 def denoise_flops(config: PolicyConfig, num_steps: int) -> int:
     ex = config.expert
     horizon, width, prefix = config.chunk_size, ex.width, config.prefix_len
-    state = 1 if config.policy_type == 'pi0' else 0
+    state = int(config.traits.state_token)
     per_step = ex.depth * _gemma_block(horizon, prefix + state + horizon, ex)
     per_step += _linear(horizon, config.max_action_dim, width) + _linear(horizon, width, config.max_action_dim)
-    if config.policy_type == 'pi0':
+    if config.traits.state_token:
         per_step += 2 * _linear(horizon, width, width)      # action half of the action-time MLP, and its output
         once = (ex.depth - 1) * _gemma_block(1, prefix + 1, ex) + _qkv(1, ex)   # the state token
         once += _linear(1, config.max_state_dim, width) + _linear(num_steps + 1, width, width)   # time halves

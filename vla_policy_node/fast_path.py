@@ -68,6 +68,19 @@ def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
     return mode != 'off' and device.type == 'cuda'
 
 
+def denoise_program(policy: Any) -> Optional[Any]:
+    """What of a loaded family runs the static-workspace loop: the object offering ``chunk_setup(...,
+    workspace=)`` and ``euler_loop(chunk)`` and a ``config`` with ``suffix_len`` - the family itself, or its
+    model (pi0, pi0.5) - or None when the family offers no capturable denoise (it then runs eagerly)."""
+    for candidate in (getattr(policy, 'denoise_program', None), policy, getattr(policy, 'model', None)):
+        if candidate is None:
+            continue
+        if all(callable(getattr(candidate, name, None)) for name in ('chunk_setup', 'euler_loop')) and \
+                hasattr(getattr(candidate, 'config', None), 'suffix_len'):
+            return candidate
+    return None
+
+
 # ---- prompt-length buckets ------------------------------------------------------------------------------
 
 def prompt_bucket(valid_tokens: int, buckets: Sequence[int]) -> int:

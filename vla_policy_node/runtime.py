@@ -7,6 +7,9 @@ benchmarks and tests.
                                                    | no
                           decode + resize + scale -> fill_prefix -> cache.put -> denoise
     denoise -> unnormalise -> (relative-action checkpoints) + raw state of the same observation
+
+The model side is a policy family (policy/family.py, loaded by policy/families.load_policy from
+config.json's ``type``): the runtime never asks which family it runs.
 """
 from __future__ import annotations
 
@@ -22,19 +25,16 @@ import torch
 
 from .cache import PrefixCache, PrefixContext, PrefixKeyBuilder
 from .cache.key import weights_digest
-from .fast_path import (DEFAULT_MAX_GRAPH_BYTES, DEFAULT_MAX_GRAPHS, Generations, PrefixGraphs, StaticDenoiser,
-                        check_buckets, fit_to_bucket, resolve_cuda_graphs)
+from .fast_path import (DEFAULT_MAX_GRAPH_BYTES, DEFAULT_MAX_GRAPHS, FastPathError, Generations, PrefixGraphs,
+                        StaticDenoiser, check_buckets, denoise_program, fit_to_bucket, resolve_cuda_graphs)
 from .images import (DEFAULT_MAX_PIXELS, CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame,
                      frame_from_msg)
 from .observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
-from .policy.checkpoint import load_checkpoint
-from .policy.config import PolicyConfig
-from .policy.normalize import FeatureNormalizer
-from .policy.pi0 import PiZeroModel
-from .policy.rtc import RTCSettings
-from .policy.preprocess import empty_camera_image, image_to_unit_tensor, resize_with_pad, to_model_range
+from .policy.families import load_policy
+from .policy.family import PolicyFamily
+from .policy.preprocess import image_to_unit_tensor
 from .policy.relative_actions import relative_action_mask, to_absolute_actions, to_relative_actions
-from .policy.tokenizer import PromptTokenizer, TokenizerError
+from .policy.rtc import RTCSettings
 
 LOG = logging.getLogger(__name__)
 
@@ -155,17 +155,14 @@ class _StageTimer:
 class PolicyRuntime:
     """A loaded policy with its prefix cache. ``infer`` is safe to call from one thread at a time."""
 
-    def __init__(self, model: PiZeroModel, tokenizer: PromptTokenizer, state_normalizer: FeatureNormalizer,
-                 action_normalizer: FeatureNormalizer, model_revision: str, *,
+    def __init__(self, policy: PolicyFamily, model_revision: str, *,
                  cache_max_bytes: int = DEFAULT_CACHE_BYTES, cache_max_entries: int = DEFAULT_CACHE_ENTRIES,
-                 cache_enabled: bool = True, num_steps: Optional[int] = None,
-                 pi05_padded_state_prompt: bool = False, cuda_graphs: str = 'off',
+                 cache_enabled: bool = True, num_steps: Optional[int] = None, cuda_graphs: str = 'off',
                  static_workspace: bool = False, prompt_buckets: Optional[Sequence[int]] = None,
                  compile_denoise: bool = False, max_graphs: int = DEFAULT_MAX_GRAPHS,
                  max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES) -> None:
-        """``pi05_padded_state_prompt``: bin the state zero-padded to max_state_dim into the pi0.5 prompt, as
-        lerobot did from 2025-10-02 (#1910) to 2026-03-05 (#2964); only for checkpoints fine-tuned with those
-        releases. The default is the unpadded state of current lerobot and openpi (policy/tokenizer.py).
+        """``policy``: a loaded family (policy/family.py); its options (e.g. pi0.5's
+        ``pi05_padded_state_prompt``) are readable here as attributes of the same name.
 
         The fast path (fast_path.py): ``cuda_graphs`` auto | on | off (``on`` without CUDA raises
         FastPathError); ``static_workspace`` runs the denoise through the static K/V workspace eagerly (what
@@ -173,26 +170,25 @@ class PolicyRuntime:
         holds it (default: one bucket at tokenizer_max_length); ``compile_denoise`` wraps the loop in
         torch.compile (off by default: Jetson wheels have no Triton); ``max_graphs`` / ``max_graph_bytes``
         bound the graph cache."""
-        self.model = model
-        self.config: PolicyConfig = model.config
-        if pi05_padded_state_prompt and self.config.policy_type != 'pi05':
-            raise ValueError(f'pi05_padded_state_prompt is set, but the checkpoint is {self.config.policy_type}: '
-                             'it only changes the pi0.5 prompt')
-        self.pi05_padded_state_prompt = bool(pi05_padded_state_prompt)
+        self.policy = policy
+        self.model = policy.model
+        self.config = policy.config
+        for name, value in policy.options.items():
+            setattr(self, name, value)
         # None: absolute actions. Else [action_dim] bool: the dims that get the raw state added back.
         self.relative_mask = (relative_action_mask(self.config.action_dim, self.config.relative_exclude_joints,
                                                    self.config.action_feature_names)
                               if self.config.use_relative_actions else None)
-        self.device = model.device
-        self.dtype = model.compute_dtype
-        self.tokenizer = tokenizer
-        self.state_normalizer = state_normalizer
-        self.action_normalizer = action_normalizer
+        self.device = policy.device
+        self.dtype = policy.compute_dtype
+        self.tokenizer = policy.tokenizer
+        self.state_normalizer = policy.state_normalizer
+        self.action_normalizer = policy.action_normalizer
         self.model_revision = model_revision
         self.cache = PrefixCache(cache_max_bytes, cache_max_entries)
         self.cache_enabled = cache_enabled
         self.num_steps = int(num_steps or self.config.num_inference_steps)
-        self._keys = PrefixKeyBuilder(model_revision, tokenizer.identity, str(self.dtype).replace('torch.', ''))
+        self._keys = PrefixKeyBuilder(model_revision, self.tokenizer.identity, str(self.dtype).replace('torch.', ''))
         self._lock = threading.Lock()
         self._warned_oversize = False
         graphs = resolve_cuda_graphs(cuda_graphs, self.device)
@@ -201,32 +197,32 @@ class PolicyRuntime:
         self._generations = Generations()
         self._fast: Optional[StaticDenoiser] = None
         self._prefix_graphs: Optional[PrefixGraphs] = None
-        if graphs or static_workspace or compile_denoise:
+        program = denoise_program(policy)
+        if program is None and cuda_graphs == 'on':
+            raise FastPathError(f'cuda_graphs is "on", but the {self.config.policy_type} family offers no '
+                                'capturable denoise (chunk_setup with a workspace + euler_loop)')
+        if program is not None and (graphs or static_workspace or compile_denoise):
             strict = cuda_graphs == 'on'
-            self._fast = StaticDenoiser(model, family_name=self.config.policy_type, graphs=graphs, strict=strict,
+            self._fast = StaticDenoiser(program, family_name=self.config.policy_type, graphs=graphs, strict=strict,
                                         max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
                                         compile_loop=compile_denoise)
-            self._prefix_graphs = PrefixGraphs(model, graphs=graphs, strict=strict, max_graph_bytes=max_graph_bytes)
+            self._prefix_graphs = PrefixGraphs(policy, graphs=graphs, strict=strict, max_graph_bytes=max_graph_bytes)
 
     # ---- construction --------------------------------------------------------------------
+    _RUNTIME_OPTIONS = ('cache_max_bytes', 'cache_max_entries', 'cache_enabled', 'num_steps', 'cuda_graphs',
+                        'static_workspace', 'prompt_buckets', 'compile_denoise', 'max_graphs', 'max_graph_bytes')
+
     @classmethod
     def from_pretrained(cls, path: Union[str, Path], device: str = 'auto', dtype: str = 'auto',
                         tokenizer_path: Optional[Union[str, Path]] = None, **options) -> 'PolicyRuntime':
-        """Load a lerobot ``pretrained_model/`` folder. ``options`` go to the constructor."""
+        """Load a lerobot ``pretrained_model/`` folder. Cache and step ``options`` go to the constructor,
+        the others to the policy family (refused by name where the family has no such option)."""
         torch_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, torch_device)
         resolve_cuda_graphs(options.get('cuda_graphs', 'off'), torch_device)     # refused before loading anything
-        loaded = load_checkpoint(Path(path), torch_device, torch_dtype)
-        tokenizer_file = Path(tokenizer_path) if tokenizer_path else loaded.tokenizer_path
-        if tokenizer_file is None:
-            raise TokenizerError(f'{path} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
-                                 'tokenizer.model (see README "Getting a real checkpoint")')
-        tokenizer = PromptTokenizer.from_path(tokenizer_file)
-        if tokenizer.vocab_size > loaded.config.vocab_size:
-            raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
-                                 f'model embedding ({loaded.config.vocab_size})')
-        return cls(loaded.model, tokenizer, loaded.state_normalizer, loaded.action_normalizer,
-                   weights_digest(str(loaded.weights_path)), **options)
+        runtime_options = {name: options.pop(name) for name in cls._RUNTIME_OPTIONS if name in options}
+        policy = load_policy(Path(path), torch_device, torch_dtype, tokenizer_path, **options)
+        return cls(policy, weights_digest(str(policy.weights_path)), **runtime_options)
 
     # ---- content checks (the observation contract's second half; timing is InputBuffer's) ----------
     def _camera_slots(self, images: Mapping[str, object],
@@ -287,12 +283,7 @@ class PolicyRuntime:
         return instruction
 
     def _tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        cfg = self.config
-        if cfg.policy_type == 'pi0':
-            return self.tokenizer.encode_pi0(instruction, cfg.tokenizer_max_length)
-        pad_to = cfg.max_state_dim if self.pi05_padded_state_prompt else None
-        return self.tokenizer.encode_pi05(instruction, normalized_state, cfg.tokenizer_max_length,
-                                          pad_state_to=pad_to)
+        return self.policy.prompt_tokens(instruction, normalized_state)
 
     def _noise(self, noise: Optional[np.ndarray], seed: Optional[int]) -> torch.Tensor:
         shape = (1, self.config.chunk_size, self.config.max_action_dim)
@@ -415,7 +406,7 @@ class PolicyRuntime:
             tokens_t = torch.from_numpy(tokens)[None].to(self.device)
             mask_t = torch.from_numpy(token_mask)[None].to(self.device)
             timer.start('prefix')
-            fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.model.fill_prefix
+            fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.policy.fill_prefix
             context = fill(images, image_masks, tokens_t, mask_t)
             timer.stop()
             entry = self._generations.new(key)
@@ -424,15 +415,15 @@ class PolicyRuntime:
         else:
             entry = self._generations.token(key) or self._generations.new(key)
         timer.start('denoise')
-        state = np.zeros(cfg.max_state_dim, dtype=np.float32)                        # pi0's state token input
+        state = np.zeros(cfg.max_state_dim, dtype=np.float32)       # zero-padded as lerobot's pad_vector
         state[:cfg.state_dim] = prepared.normalized_state
         state_t = torch.from_numpy(state)[None].to(self.device)
         if self._fast is not None:
             normalized = self._fast.denoise(context, entry, state_t, noise_tensor, steps,
                                             prev_chunk_left_over=leftover, **continuation)
         else:
-            normalized = self.model.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
-                                            **continuation)                             # [1, H, max_action_dim]
+            normalized = self.policy.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
+                                             **continuation)                            # [1, H, max_action_dim]
         actions = normalized[0, :, :cfg.action_dim].float().cpu().numpy()
         timer.stop()
         return ActionChunk(actions=self._postprocess(actions, prepared.raw_state), cache_hit=hit,
@@ -449,9 +440,9 @@ class PolicyRuntime:
         RTC post-processes each chunk right after prediction, anchored like here). Each chunk the node
         publishes is a plan from one observation, so it is anchored to that observation's joint state.
 
-        The prefix cache is unaffected: pi0 keeps the state out of the prefix (it is a suffix token), pi0.5
-        puts the normalised absolute state in the prompt whether or not actions are relative, and the
-        add-back only touches the action output, after the model.
+        The prefix cache is unaffected: a family either keeps the state out of the prefix or puts the
+        normalised absolute state in the prompt whether or not actions are relative, and the add-back
+        only touches the action output, after the model.
         """
         actions = self.action_normalizer.unnormalize(normalized_actions)
         if self.relative_mask is None:
@@ -460,11 +451,10 @@ class PolicyRuntime:
 
     def _preprocess(self, slots: Sequence[Tuple[str, CameraInput]]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decode, resize-with-pad and scale every slot -> images [1, N, 3, H, W], masks [1, N]."""
-        size = self.config.image_resolution
         images, masks = [], []
         for name, frame in slots:
             if frame is None:
-                images.append(empty_camera_image(size, self.device))
+                images.append(self.policy.empty_image())
                 masks.append(False)
                 continue
             try:
@@ -472,7 +462,7 @@ class PolicyRuntime:
             except ImageDecodeError as exc:
                 raise ObservationError(f'images.{name}', str(exc), SkipReason.BAD_IMAGE) from exc
             unit = image_to_unit_tensor(pixels, self.device)
-            images.append(to_model_range(resize_with_pad(unit, size)))
+            images.append(self.policy.image_to_model(unit))
             masks.append(True)
         return torch.stack(images)[None], torch.tensor([masks], device=self.device)
 
@@ -498,10 +488,14 @@ class PolicyRuntime:
         return self.state_normalizer.unnormalize(np.zeros(self.config.state_dim, dtype=np.float32))
 
     def prefix_bytes(self) -> int:
-        """Analytic device bytes of one cached prefix (K/V only)."""
-        cfg = self.config
+        """Analytic device bytes of one cached prefix (K/V only, the family's extra K/V included)."""
         element = torch.tensor([], dtype=self.dtype).element_size()
-        return cfg.kv_bytes_per_token(element) * cfg.prefix_len
+        return self.config.kv_entry_bytes(element)
+
+    def describe(self) -> Dict[str, object]:
+        """What /diagnostics and the replay summary show about the policy and its cache entries."""
+        return dict(self.policy.describe(), device=str(self.device), dtype=str(self.dtype).replace('torch.', ''),
+                    model_revision=self.model_revision)
 
     def fast_path_summary(self) -> Dict[str, object]:
         """The fast path's figures for /diagnostics and the replay summary (cuda_graphs mode, graphs, copies)."""
@@ -516,5 +510,6 @@ class PolicyRuntime:
         self.cache.clear()
         self._fast = self._prefix_graphs = None
         self.model = None  # type: ignore[assignment]
+        self.policy = None  # type: ignore[assignment]
         if self.device.type == 'cuda':
             torch.cuda.empty_cache()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 import torch
 
@@ -12,13 +13,16 @@ class PrefixContext:
 
     kv [L, 2, B, K, P, D]: layer, (key, value), batch, kv heads, prefix tokens, head dim;
     keys already carry RoPE. pad_mask [B, P] bool: False for masked cameras and
-    padded text. Nothing writes to these tensors after ``fill_prefix`` returns:
-    the denoise loop copies them into its own buffer, so one context can serve
-    any number of chunks and be shared through the cache.
+    padded text. ``extra``: tensors the family keeps beside the K/V (SmolVLA: the
+    cross-attention layers' projected K/V), counted in ``nbytes`` like the rest.
+    Nothing writes to these tensors after ``fill_prefix`` returns: the denoise
+    reads them or copies them into its own buffer, so one context can serve any
+    number of chunks and be shared through the cache.
     """
 
     kv: torch.Tensor
     pad_mask: torch.Tensor
+    extra: Tuple[torch.Tensor, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kv.dim() != 6 or self.kv.shape[1] != 2:
@@ -45,4 +49,5 @@ class PrefixContext:
     @property
     def nbytes(self) -> int:
         """Device bytes held by this context (what the cache budget counts)."""
-        return self.kv.numel() * self.kv.element_size() + self.pad_mask.numel() * self.pad_mask.element_size()
+        tensors = (self.kv, self.pad_mask) + tuple(self.extra)
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)

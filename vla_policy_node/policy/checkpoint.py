@@ -1,26 +1,26 @@
-"""Reading and writing lerobot ``pretrained_model/`` folders, strictly and without pickle.
+"""Reading and writing lerobot ``pretrained_model/`` folders, strictly and without pickle, for any family.
 
     pretrained_model/
-      config.json                       PolicyConfig (+ our optional model_sizes block)
+      config.json                       the family config (+ our optional model_sizes block)
       model.safetensors                 weights, keys "model.<module path>"
       policy_preprocessor.json          steps; the normalizer step names its stats file
       policy_preprocessor_step_<k>_normalizer_processor.safetensors
       policy_postprocessor.json
       policy_postprocessor_step_0_unnormalizer_processor.safetensors
-      tokenizer/tokenizer.model         when saved locally (PaliGemma SentencePiece)
+      tokenizer/                        when saved locally (the family's tokenizer file)
 
 Strict means: a missing, unexpected or mis-shaped tensor is an error that
-names it. Tensors that real checkpoints carry but inference never reads
-(the two ``lm_head`` matrices, pi0.5's legacy ``state_proj``) are known and
-skipped, not loaded to the device.
+names it. Tensors that real checkpoints carry but inference never reads are
+known to the family (``WeightKeys.known_unused``) and skipped, not loaded to the
+device. Which family reads a folder is config.json's ``type`` (policy/families).
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -28,11 +28,11 @@ from safetensors import safe_open
 from safetensors.numpy import load_file as load_numpy_file
 from safetensors.numpy import save_file as save_numpy_file
 from safetensors.torch import save_file as save_torch_file
+from torch import nn
 
-from .config import ACTION_FEATURE, STATE_FEATURE, ConfigError, PolicyConfig
+from .config_fields import ACTION_FEATURE, STATE_FEATURE, ConfigError
 from .layers import fuse_projections
 from .normalize import DEFAULT_EPS, FeatureNormalizer, NormalizationError, flatten_stats, split_flat_stats
-from .pi0 import PiZeroModel, param_dtype
 
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
@@ -45,17 +45,6 @@ RELATIVE_STEP = 'relative_actions_processor'
 ABSOLUTE_STEP = 'absolute_actions_processor'
 # RelativeActionsProcessorStep's field defaults (lerobot 7427f318, processor/relative_action_processor.py).
 _RELATIVE_STEP_DEFAULTS = {'enabled': False, 'exclude_joints': [], 'action_names': None}
-HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
-
-_LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
-                 'paligemma_with_expert.gemma_expert.lm_head.weight')
-_EMBED_KEY = 'paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight'
-# Key spellings written by other transformers versions and exports -> ours.
-_KEY_RENAMES: Tuple[Tuple[str, str], ...] = (
-    (r'^paligemma_with_expert\.paligemma\.(language_model|vision_tower|multi_modal_projector)\.',
-     r'paligemma_with_expert.paligemma.model.\1.'),
-    (r'\.vision_tower\.(embeddings|encoder|post_layernorm)', r'.vision_tower.vision_model.\1'),
-)
 
 
 class CheckpointError(ValueError):
@@ -64,8 +53,8 @@ class CheckpointError(ValueError):
 
 @dataclass
 class LoadedCheckpoint:
-    model: PiZeroModel
-    config: PolicyConfig
+    model: nn.Module
+    config: Any
     state_normalizer: FeatureNormalizer
     action_normalizer: FeatureNormalizer
     weights_path: Path
@@ -74,25 +63,27 @@ class LoadedCheckpoint:
 
 # ---- weights -----------------------------------------------------------------------
 
-def canonical_key(file_key: str, policy_type: str) -> str:
-    key = file_key[len('model.'):] if file_key.startswith('model.') else file_key
-    for pattern, replacement in _KEY_RENAMES:
-        key = re.sub(pattern, replacement, key)
-    # lerobot renamed the time MLPs between releases; each type has one spelling.
-    if policy_type == 'pi05':
-        key = re.sub(r'^action_time_mlp_(in|out)\.', r'time_mlp_\1.', key)
-    return key
+@dataclass(frozen=True)
+class WeightKeys:
+    """How one family's ``model.safetensors`` keys map onto its module names.
 
+    ``renames``: (regex, replacement) applied in order after the leading ``model.`` is dropped
+    (spellings of other releases and exports -> ours); ``known_unused``: canonical keys real
+    checkpoints carry that inference never reads; ``stand_ins``: key -> a canonical key that may
+    stand in when the key itself is absent (tied embeddings); ``param_dtype``: the storage dtype
+    of a parameter when the model computes in a dtype.
+    """
 
-def _known_unused(key: str, policy_type: str) -> bool:
-    if key in _LM_HEAD_KEYS:
-        return True
-    if policy_type == 'pi05':
-        # pi0.5 takes the state through the prompt; its expert norms are adaptive.
-        return key.startswith('state_proj.') or bool(
-            re.match(r'^paligemma_with_expert\.gemma_expert\.model\.'
-                     r'(layers\.\d+\.(input|post_attention)_layernorm|norm)\.weight$', key))
-    return False
+    param_dtype: Callable[[str, torch.dtype], torch.dtype]
+    renames: Tuple[Tuple[str, str], ...] = ()
+    known_unused: Callable[[str], bool] = field(default=lambda key: False)
+    stand_ins: Mapping[str, str] = field(default_factory=dict)
+
+    def canonical(self, file_key: str) -> str:
+        key = file_key[len('model.'):] if file_key.startswith('model.') else file_key
+        for pattern, replacement in self.renames:
+            key = re.sub(pattern, replacement, key)
+        return key
 
 
 def _describe(names: Iterable[str], limit: int = 8) -> str:
@@ -101,8 +92,8 @@ def _describe(names: Iterable[str], limit: int = 8) -> str:
     return shown + (f' and {len(names) - limit} more' if len(names) > limit else '')
 
 
-def load_weights(model: PiZeroModel, weights_path: Path, device: torch.device,
-                 compute_dtype: torch.dtype) -> None:
+def load_weights(model: nn.Module, weights_path: Path, device: torch.device, compute_dtype: torch.dtype,
+                 keys: WeightKeys) -> None:
     """Strictly load ``model.safetensors`` into a (meta-device) model, straight to ``device``."""
     policy_type = model.config.policy_type
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -115,19 +106,18 @@ def load_weights(model: PiZeroModel, weights_path: Path, device: torch.device,
     with handle:
         file_keys: Dict[str, str] = {}
         unexpected: List[str] = []
-        for file_key in handle.keys():
-            key = canonical_key(file_key, policy_type)
+        canonical = {file_key: keys.canonical(file_key) for file_key in handle.keys()}
+        for file_key, key in canonical.items():
             if key in expected:
                 if key in file_keys:
                     raise CheckpointError(f'{weights_path}: tensors {file_keys[key]} and {file_key} both map to {key}')
                 file_keys[key] = file_key
-            elif not _known_unused(key, policy_type):
+            elif not keys.known_unused(key):
                 unexpected.append(file_key)
         # Tied embeddings: some exports keep only the LM head.
-        if _EMBED_KEY not in file_keys:
-            for file_key in handle.keys():
-                if canonical_key(file_key, policy_type) == _LM_HEAD_KEYS[0]:
-                    file_keys[_EMBED_KEY] = file_key
+        for key, stand_in in keys.stand_ins.items():
+            if key in expected and key not in file_keys:
+                file_keys.update({key: file_key for file_key, name in canonical.items() if name == stand_in})
         missing = sorted(set(expected) - set(file_keys))
         if missing or unexpected:
             parts = []
@@ -143,18 +133,19 @@ def load_weights(model: PiZeroModel, weights_path: Path, device: torch.device,
                 raise CheckpointError(f'{weights_path}: tensor {file_key} has shape {list(shape)}, '
                                       f'the config expects {list(expected[key])}')
         # copy=True: the model owns freshly allocated (aligned) memory, not a view of the file buffer.
-        state = {key: handle.get_tensor(file_key).to(device=device, dtype=param_dtype(key, compute_dtype), copy=True)
+        state = {key: handle.get_tensor(file_key).to(device=device, dtype=keys.param_dtype(key, compute_dtype),
+                                                     copy=True)
                  for key, file_key in file_keys.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.compute_dtype = compute_dtype
 
 
-def build_model(config: PolicyConfig, weights_path: Path, device: torch.device,
-                compute_dtype: torch.dtype) -> PiZeroModel:
+def build_model(model_class: Callable[[Any], nn.Module], config: Any, weights_path: Path, device: torch.device,
+                compute_dtype: torch.dtype, keys: WeightKeys) -> nn.Module:
     """Allocate nothing until the tensors arrive: build on 'meta', assign loaded tensors, fuse projections."""
     with torch.device('meta'):
-        model = PiZeroModel(config)
-    load_weights(model, weights_path, device, compute_dtype)
+        model = model_class(config)
+    load_weights(model, weights_path, device, compute_dtype, keys)
     fuse_projections(model)
     return model.eval()
 
@@ -185,7 +176,7 @@ def _processor_stats(folder: Path, json_name: str, step_name: str) -> Tuple[Dict
     raise CheckpointError(f'{path} has no {step_name!r} step')
 
 
-def load_normalizers(folder: Path, config: PolicyConfig) -> Tuple[FeatureNormalizer, FeatureNormalizer]:
+def load_normalizers(folder: Path, config: Any) -> Tuple[FeatureNormalizer, FeatureNormalizer]:
     mapping = config.normalization_mapping
     pre_stats, pre_cfg = _processor_stats(folder, PREPROCESSOR_FILE, NORMALIZER_STEP)
     post_stats, post_cfg = _processor_stats(folder, POSTPROCESSOR_FILE, UNNORMALIZER_STEP)
@@ -204,7 +195,7 @@ def load_normalizers(folder: Path, config: PolicyConfig) -> Tuple[FeatureNormali
     return state, action
 
 
-def _relative_step_configs(config: PolicyConfig) -> Dict[str, Dict]:
+def relative_step_configs(config: Any) -> Dict[str, Dict]:
     """What lerobot's training saves for the relative/absolute steps of this config (processor_pi0/pi05.py)."""
     names = None if config.action_feature_names is None else list(config.action_feature_names)
     return {RELATIVE_STEP: {'enabled': config.use_relative_actions,
@@ -212,7 +203,7 @@ def _relative_step_configs(config: PolicyConfig) -> Dict[str, Dict]:
             ABSOLUTE_STEP: {'enabled': config.use_relative_actions}}
 
 
-def check_relative_action_steps(folder: Path, config: PolicyConfig) -> None:
+def check_relative_action_steps(folder: Path, config: Any) -> None:
     """Refuse a folder whose processor files and config.json disagree about relative actions.
 
     lerobot's inference takes the relative/absolute steps from the processor files
@@ -220,7 +211,7 @@ def check_relative_action_steps(folder: Path, config: PolicyConfig) -> None:
     both from the same values, so a disagreement is a damaged or hand-edited checkpoint.
     """
     for json_name, (step_name, wanted) in zip((PREPROCESSOR_FILE, POSTPROCESSOR_FILE),
-                                              _relative_step_configs(config).items()):
+                                              relative_step_configs(config).items()):
         step = next((s for s in _processor_steps(folder, json_name) if s.get('registry_name') == step_name), None)
         # A file without the step (lerobot before #2970) applies none; missing keys take the step's defaults.
         saved = dict(_RELATIVE_STEP_DEFAULTS, **(step.get('config', {}) if step is not None else {}))
@@ -243,78 +234,110 @@ def find_tokenizer(folder: Path) -> Optional[Path]:
     return None
 
 
+def read_config_json(folder: Path) -> Dict[str, Any]:
+    """config.json as a dict; CheckpointError when absent, not JSON or not an object."""
+    path = Path(folder) / CONFIG_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f'no config.json at {path}') from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f'{path} is not valid JSON: {exc}') from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f'{path} is not a JSON object')
+    return raw
+
+
 def load_checkpoint(folder: Path, device: torch.device, compute_dtype: torch.dtype) -> LoadedCheckpoint:
+    """Config, model and statistics of a folder, by the family its config.json ``type`` names (no tokenizer)."""
+    from .families import family_class     # the families import this module: resolved at call time
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
+    raw = read_config_json(folder)
     try:
-        config = PolicyConfig.from_json_file(folder / CONFIG_FILE)
+        family = family_class(raw.get('type'))
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from exc
+    return family.load_checkpoint(folder, raw, device, compute_dtype)
+
+
+def load_parts(folder: Path, config: Any, model_class: Callable[[Any], nn.Module], device: torch.device,
+               compute_dtype: torch.dtype, keys: WeightKeys) -> LoadedCheckpoint:
+    """What every family loads the same way once its config is parsed: statistics, relative-action steps,
+    strict weights, the tokenizer's place."""
     state_norm, action_norm = load_normalizers(folder, config)
     check_relative_action_steps(folder, config)
     weights = folder / WEIGHTS_FILE
-    model = build_model(config, weights, device, compute_dtype)
+    model = build_model(model_class, config, weights, device, compute_dtype, keys)
     return LoadedCheckpoint(model=model, config=config, state_normalizer=state_norm, action_normalizer=action_norm,
                             weights_path=weights, tokenizer_path=find_tokenizer(folder))
 
 
-def _preprocessor_steps(config: PolicyConfig, stats_file: str, features: Mapping) -> List[Dict]:
-    tokenizer_step = {'registry_name': 'tokenizer_processor',
-                      'config': {'max_length': config.tokenizer_max_length, 'task_key': 'task',
-                                 'padding_side': 'right', 'padding': 'max_length', 'truncation': True,
-                                 'tokenizer_name': HUB_TOKENIZER_NAME}}
-    normalizer_step = {'registry_name': NORMALIZER_STEP,
-                       'config': {'eps': DEFAULT_EPS, 'features': features,
-                                  'norm_map': dict(config.normalization_mapping)},
-                       'state_file': stats_file}
-    common = [{'registry_name': 'rename_observations_processor', 'config': {'rename_map': {}}},
-              {'registry_name': 'to_batch_processor', 'config': {}}]
-    relative = {'registry_name': RELATIVE_STEP, 'config': _relative_step_configs(config)[RELATIVE_STEP]}
-    device = {'registry_name': 'device_processor', 'config': {'device': 'cpu', 'float_dtype': None}}
-    if config.policy_type == 'pi0':
-        return common + [{'registry_name': 'pi0_new_line_processor', 'config': {}}, tokenizer_step, device,
-                         relative, normalizer_step]
-    return common + [relative, normalizer_step,
-                     {'registry_name': 'pi05_prepare_state_tokenizer_processor_step', 'config': {}},
-                     tokenizer_step, device]
-
-
-def save_checkpoint(folder: Path, model: PiZeroModel, state_stats: Mapping[str, np.ndarray],
-                    action_stats: Mapping[str, np.ndarray], tokenizer_file: Optional[Path] = None) -> Path:
-    """Write ``model`` and its statistics as a lerobot ``pretrained_model/`` folder."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    config = model.config
-    (folder / CONFIG_FILE).write_text(json.dumps(config.to_lerobot_dict(), indent=2) + '\n')
-    tensors = {'model.' + key: value.detach().to('cpu').contiguous() for key, value in model.state_dict().items()}
-    # Real folders carry both LM heads (the PaliGemma one tied to the embedding).
-    tensors['model.' + _LM_HEAD_KEYS[0]] = tensors['model.' + _EMBED_KEY].clone()
-    tensors['model.' + _LM_HEAD_KEYS[1]] = torch.zeros(config.vocab_size, config.expert.width)
-    save_torch_file(tensors, str(folder / WEIGHTS_FILE), metadata={'format': 'pt'})
-
+def normalizer_step(config: Any) -> Dict[str, Any]:
+    """lerobot's NormalizerProcessorStep entry (its state_file is filled in by ``write_folder``)."""
     features = {STATE_FEATURE: {'type': 'STATE', 'shape': [config.state_dim]},
                 ACTION_FEATURE: {'type': 'ACTION', 'shape': [config.action_dim]}}
-    steps = _preprocessor_steps(config, '', features)
-    normalizer_index = next(i for i, s in enumerate(steps) if s['registry_name'] == NORMALIZER_STEP)
-    pre_stats_file = f'policy_preprocessor_step_{normalizer_index}_{NORMALIZER_STEP}.safetensors'
-    steps[normalizer_index]['state_file'] = pre_stats_file
-    flat = flatten_stats({STATE_FEATURE: state_stats, ACTION_FEATURE: action_stats})
-    save_numpy_file(flat, str(folder / pre_stats_file))
-    (folder / PREPROCESSOR_FILE).write_text(json.dumps({'name': 'policy_preprocessor', 'steps': steps}, indent=2))
+    return {'registry_name': NORMALIZER_STEP,
+            'config': {'eps': DEFAULT_EPS, 'features': features, 'norm_map': dict(config.normalization_mapping)},
+            'state_file': ''}
 
+
+def common_steps() -> List[Dict[str, Any]]:
+    """The steps every lerobot pre-processor starts with."""
+    return [{'registry_name': 'rename_observations_processor', 'config': {'rename_map': {}}},
+            {'registry_name': 'to_batch_processor', 'config': {}}]
+
+
+def relative_step(config: Any) -> Dict[str, Any]:
+    return {'registry_name': RELATIVE_STEP, 'config': relative_step_configs(config)[RELATIVE_STEP]}
+
+
+def device_step() -> Dict[str, Any]:
+    return {'registry_name': 'device_processor', 'config': {'device': 'cpu', 'float_dtype': None}}
+
+
+def write_folder(folder: Path, config: Any, config_document: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
+                 pre_steps: List[Dict[str, Any]], state_stats: Mapping[str, np.ndarray],
+                 action_stats: Mapping[str, np.ndarray], relative_steps: bool = True,
+                 tokenizer_files: Iterable[Path] = ()) -> Path:
+    """Write a lerobot ``pretrained_model/`` folder: config.json, weights (keys ``model.<name>``), the two
+    processor files with their statistics (the pre-processor's normalizer step is in ``pre_steps``) and
+    the tokenizer files under tokenizer/."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_FILE).write_text(json.dumps(dict(config_document), indent=2) + '\n')
+    save_torch_file({'model.' + key: value.detach().to('cpu').contiguous() for key, value in tensors.items()},
+                    str(folder / WEIGHTS_FILE), metadata={'format': 'pt'})
+    normalizer_index = next(i for i, s in enumerate(pre_steps) if s['registry_name'] == NORMALIZER_STEP)
+    pre_stats_file = f'policy_preprocessor_step_{normalizer_index}_{NORMALIZER_STEP}.safetensors'
+    pre_steps[normalizer_index]['state_file'] = pre_stats_file
+    save_numpy_file(flatten_stats({STATE_FEATURE: state_stats, ACTION_FEATURE: action_stats}),
+                    str(folder / pre_stats_file))
+    (folder / PREPROCESSOR_FILE).write_text(json.dumps({'name': 'policy_preprocessor', 'steps': pre_steps},
+                                                       indent=2))
     post_stats_file = f'policy_postprocessor_step_0_{UNNORMALIZER_STEP}.safetensors'
     save_numpy_file(flatten_stats({ACTION_FEATURE: action_stats}), str(folder / post_stats_file))
-    post_steps = [{'registry_name': UNNORMALIZER_STEP,
-                   'config': {'eps': DEFAULT_EPS, 'features': {ACTION_FEATURE: features[ACTION_FEATURE]},
-                              'norm_map': dict(config.normalization_mapping)},
-                   'state_file': post_stats_file},
-                  {'registry_name': ABSOLUTE_STEP, 'config': _relative_step_configs(config)[ABSOLUTE_STEP]},
-                  {'registry_name': 'device_processor', 'config': {'device': 'cpu', 'float_dtype': None}}]
+    unnormalizer = normalizer_step(config)
+    unnormalizer.update(registry_name=UNNORMALIZER_STEP, state_file=post_stats_file)
+    unnormalizer['config']['features'] = {ACTION_FEATURE: unnormalizer['config']['features'][ACTION_FEATURE]}
+    post_steps = [unnormalizer]
+    if relative_steps:
+        post_steps.append({'registry_name': ABSOLUTE_STEP, 'config': relative_step_configs(config)[ABSOLUTE_STEP]})
+    post_steps.append(device_step())
     (folder / POSTPROCESSOR_FILE).write_text(json.dumps({'name': 'policy_postprocessor', 'steps': post_steps},
                                                         indent=2))
-    if tokenizer_file is not None:
+    tokenizer_files = [Path(path) for path in tokenizer_files]
+    if tokenizer_files:
         (folder / TOKENIZER_DIR).mkdir(exist_ok=True)
-        target = folder / TOKENIZER_DIR / Path(tokenizer_file).name
-        target.write_bytes(Path(tokenizer_file).read_bytes())
+        for path in tokenizer_files:
+            (folder / TOKENIZER_DIR / path.name).write_bytes(path.read_bytes())
     return folder
+
+
+def save_checkpoint(folder: Path, model: nn.Module, state_stats: Mapping[str, np.ndarray],
+                    action_stats: Mapping[str, np.ndarray], tokenizer_file: Optional[Path] = None) -> Path:
+    """Write ``model`` and its statistics as a lerobot ``pretrained_model/`` folder (its family's layout)."""
+    from .families import family_class
+    return family_class(model.config.policy_type).save_checkpoint(folder, model, state_stats, action_stats,
+                                                                  tokenizer_file)

@@ -1,4 +1,4 @@
-"""Model configuration: sizes of the three towers plus the policy-level settings.
+"""PaliGemma-family configuration (pi0 and pi0.5): sizes of the three towers plus the policy-level settings.
 
 A config comes from a lerobot ``config.json`` (``type`` pi0 or pi05, named
 variants) or from a named preset. Named variants follow openpi's ``gemma.py``
@@ -6,12 +6,15 @@ and PaliGemma's SigLIP So400m/14. A checkpoint may carry a ``model_sizes``
 block (this project's extension, ignored by lerobot's fields) that overrides
 the sizes of any tower; the tiny preset and the bench configs use it.
 
+What differs between pi0 and pi0.5 is not tested here by type: each family
+module (``policy/families/pi0.py``, ``pi05.py``) supplies its ``PaliGemmaTraits``
+(state token or state in the prompt, adaptive expert norms, defaults), which
+the config looks up through the family registry.
+
 Nothing in a config.json is ignored silently: ``LEROBOT_CONFIG_FIELDS`` says
 for every field of lerobot's ``PI0Config`` / ``PI05Config`` whether we
 implement it, accept it because only training reads it, accept it as
-metadata, or load it only at the values we reproduce. Any other key, and a
-field we do not implement set to something else, refuses the checkpoint with
-the field and its value named.
+metadata, or load it only at the values we reproduce (policy/config_fields.py).
 """
 from __future__ import annotations
 
@@ -21,18 +24,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .normalize import NORM_MODES
-
-POLICY_TYPES = ('pi0', 'pi05')
-IMAGE_FEATURE_PREFIX = 'observation.images.'
-STATE_FEATURE = 'observation.state'
-ACTION_FEATURE = 'action'
-# lerobot names the padding cameras it adds for `empty_cameras` like this.
-EMPTY_CAMERA_PREFIX = 'empty_camera_'
+from .config_fields import (ACTION_FEATURE, DEFAULT_ONLY, IMAGE_FEATURE_PREFIX, IMPLEMENTED, METADATA,  # noqa: F401
+                            PRETRAINED_CONFIG_FIELDS, STATE_FEATURE, TRAINING, ConfigError, ConfigField, bool_field,
+                            check_fields, feature_documents, features, names_field, normalization_mapping, table)
+from .family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig  # noqa: F401
 
 
-class ConfigError(ValueError):
-    """A config.json or preset that cannot describe a model."""
+@dataclass(frozen=True)
+class PaliGemmaTraits:
+    """What a PaliGemma family does differently (given by its family module, not tested by type)."""
+
+    state_token: bool               # pi0: the state is one suffix token (state_proj); pi0.5: in the prompt
+    adaptive_expert: bool           # pi0.5: time enters the expert through adaptive RMSNorm (time_mlp_*)
+    tokenizer_max_length: int       # lerobot's default prompt length
+    normalization_mapping: Mapping[str, str]
+    tiny_tokenizer_max_length: int  # the tiny preset's prompt length
+
+
+def paligemma_traits(policy_type: Any) -> PaliGemmaTraits:
+    """The traits the family registered for ``policy_type``; ConfigError naming it when there are none."""
+    from .families import FAMILIES, family_class    # the registry imports this module: resolved at call time
+    if policy_type not in FAMILIES:
+        raise ConfigError(f'config.json "type" must be one of {PALIGEMMA_TYPES}, got {policy_type!r}')
+    traits = getattr(family_class(policy_type), 'paligemma_traits', None)
+    if traits is None:
+        raise ConfigError(f'type {policy_type!r} is not a PaliGemma family config (this config class '
+                          f'describes {PALIGEMMA_TYPES})')
+    return traits
 
 
 @dataclass(frozen=True)
@@ -68,10 +86,10 @@ PALIGEMMA_VOCAB_SIZE = 257152
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """Everything needed to build the model and its pre/post-processing."""
+class PolicyConfig(PolicyLevelConfig):
+    """Everything needed to build a pi0 / pi0.5 model and its pre/post-processing."""
 
-    policy_type: str  # 'pi0' | 'pi05'
+    policy_type: str  # a PaliGemma family type (PALIGEMMA_TYPES)
     vision: VisionSize
     language: GemmaSize
     expert: GemmaSize
@@ -102,10 +120,10 @@ class PolicyConfig:
     use_relative_actions: bool = False
     relative_exclude_joints: Tuple[str, ...] = ('gripper',)
     action_feature_names: Optional[Tuple[str, ...]] = None
+    traits: PaliGemmaTraits = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.policy_type not in POLICY_TYPES:
-            raise ConfigError(f'type must be one of {POLICY_TYPES}, got {self.policy_type!r}')
+        object.__setattr__(self, 'traits', paligemma_traits(self.policy_type))
         lm, ex = self.language, self.expert
         # One joint attention per layer: both streams must agree on its shape.
         for name in ('depth', 'num_heads', 'num_kv_heads', 'head_dim'):
@@ -118,23 +136,11 @@ class PolicyConfig:
         if height % self.vision.patch_size or width % self.vision.patch_size:
             raise ConfigError(f'image_resolution {self.image_resolution} is not a multiple of '
                               f'patch {self.vision.patch_size}')
-        if self.state_dim > self.max_state_dim or self.action_dim > self.max_action_dim:
-            raise ConfigError('state_dim/action_dim exceed max_state_dim/max_action_dim')
-        if self.n_action_steps > self.chunk_size:
-            raise ConfigError('n_action_steps must not exceed chunk_size')
-        if not 0 <= self.rtc_training_max_delay < self.chunk_size:
-            raise ConfigError(f'rtc_training_max_delay must be in [0, chunk_size), got {self.rtc_training_max_delay}')
-        if self.use_relative_actions and self.state_dim < self.action_dim:
-            # lerobot adds state[:action_dim] back (to_absolute_actions); a shorter state fails there
-            # with a broadcast error at the first chunk. Refuse at load instead.
-            raise ConfigError(f'use_relative_actions needs a state at least as long as the action: state_dim '
-                              f'{self.state_dim} < action_dim {self.action_dim}')
+        problem = self.policy_level_problems()
+        if problem:
+            raise ConfigError(problem)
 
     # ---- derived sizes -------------------------------------------------
-    @property
-    def all_camera_names(self) -> Tuple[str, ...]:
-        """Image slots in model order: the configured cameras, then the empty ones."""
-        return self.camera_names + tuple(f'{EMPTY_CAMERA_PREFIX}{i}' for i in range(self.empty_cameras))
 
     @property
     def tokens_per_image(self) -> int:
@@ -148,22 +154,22 @@ class PolicyConfig:
     @property
     def suffix_len(self) -> int:
         # pi0: one state token then the action tokens; pi0.5: the action tokens only.
-        return self.chunk_size + (1 if self.policy_type == 'pi0' else 0)
+        return self.chunk_size + int(self.traits.state_token)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Analytic K/V size of one prefix token: 2 x layers x kv_heads x head_dim x bytes."""
         lm = self.language
         return 2 * lm.depth * lm.num_kv_heads * lm.head_dim * dtype_bytes
 
+    def kv_entry_bytes(self, dtype_bytes: int) -> int:
+        """The K/V of the largest prefix, every language-model layer."""
+        return self.kv_bytes_per_token(dtype_bytes) * self.prefix_len
+
     # ---- lerobot config.json ----------------------------------------------
     def to_lerobot_dict(self, variant_names: Optional[Tuple[str, str]] = None) -> Dict[str, Any]:
         """config.json content in lerobot's layout, plus our `model_sizes` block."""
         height, width = self.image_resolution
-        input_features: Dict[str, Any] = {
-            IMAGE_FEATURE_PREFIX + name: {'type': 'VISUAL', 'shape': [3, height, width]}
-            for name in self.camera_names
-        }
-        input_features[STATE_FEATURE] = {'type': 'STATE', 'shape': [self.state_dim]}
+        feature_docs = feature_documents(self.camera_names, self.image_resolution, self.state_dim, self.action_dim)
         lm_variant, ex_variant = variant_names or ('custom', 'custom')
         document: Dict[str, Any] = {
             'type': self.policy_type,
@@ -180,8 +186,7 @@ class PolicyConfig:
             'image_resolution': [height, width],
             'empty_cameras': self.empty_cameras,
             'tokenizer_max_length': self.tokenizer_max_length,
-            'input_features': input_features,
-            'output_features': {ACTION_FEATURE: {'type': 'ACTION', 'shape': [self.action_dim]}},
+            **feature_docs,
             'normalization_mapping': dict(self.normalization_mapping),
             'use_relative_actions': self.use_relative_actions,
             'relative_exclude_joints': list(self.relative_exclude_joints),
@@ -193,32 +198,21 @@ class PolicyConfig:
                 'vocab_size': self.vocab_size,
             },
         }
-        if self.policy_type == 'pi05':
+        if self.policy_type in CONFIG_FIELDS['rtc_training_max_delay'].policy_types:
             document['rtc_training_max_delay'] = self.rtc_training_max_delay   # a PI05Config field only
         return document
 
     @classmethod
     def from_lerobot_dict(cls, raw: Mapping[str, Any]) -> 'PolicyConfig':
         policy_type = raw.get('type')
-        if policy_type not in POLICY_TYPES:
-            raise ConfigError(f'config.json "type" must be one of {POLICY_TYPES}, got {policy_type!r}')
+        traits = paligemma_traits(policy_type)
         check_lerobot_fields(raw)
         sizes = raw.get('model_sizes') or {}
         language = _gemma_size(sizes.get('language'), raw.get('paligemma_variant', 'gemma_2b'), 'paligemma_variant')
         expert = _gemma_size(sizes.get('expert'), raw.get('action_expert_variant', 'gemma_300m'),
                              'action_expert_variant')
         vision = VisionSize(**sizes['vision']) if 'vision' in sizes else SIGLIP_SO400M_14
-        features = raw.get('input_features') or {}
-        cameras = [key[len(IMAGE_FEATURE_PREFIX):] for key, feat in features.items()
-                   if key.startswith(IMAGE_FEATURE_PREFIX) and feat.get('type') == 'VISUAL'
-                   and not key[len(IMAGE_FEATURE_PREFIX):].startswith(EMPTY_CAMERA_PREFIX)]
-        if not cameras:
-            raise ConfigError('config.json input_features lists no VISUAL observation.images.* camera')
-        state_feat = features.get(STATE_FEATURE)
-        action_feat = (raw.get('output_features') or {}).get(ACTION_FEATURE)
-        if state_feat is None or action_feat is None:
-            raise ConfigError('config.json needs input_features.observation.state and output_features.action')
-        policy_defaults = _POLICY_TYPE_DEFAULTS[policy_type]
+        cameras, state_dim, action_dim = features(raw, EMPTY_CAMERA_PREFIX)
         try:
             return cls(
                 policy_type=policy_type,
@@ -233,19 +227,19 @@ class PolicyConfig:
                 n_action_steps=int(raw.get('n_action_steps', raw.get('chunk_size', 50))),
                 max_state_dim=int(raw.get('max_state_dim', 32)),
                 max_action_dim=int(raw.get('max_action_dim', 32)),
-                state_dim=int(state_feat['shape'][0]),
-                action_dim=int(action_feat['shape'][0]),
+                state_dim=state_dim,
+                action_dim=action_dim,
                 num_inference_steps=int(raw.get('num_inference_steps', 10)),
                 min_period=float(raw.get('min_period', 4e-3)),
                 max_period=float(raw.get('max_period', 4.0)),
-                tokenizer_max_length=int(raw.get('tokenizer_max_length', policy_defaults['tokenizer_max_length'])),
-                normalization_mapping=_normalization_mapping(raw.get('normalization_mapping')
-                                                             or policy_defaults['normalization_mapping']),
+                tokenizer_max_length=int(raw.get('tokenizer_max_length', traits.tokenizer_max_length)),
+                normalization_mapping=normalization_mapping(raw.get('normalization_mapping')
+                                                            or traits.normalization_mapping),
                 dtype=str(raw.get('dtype', 'float32')),
                 rtc_training_max_delay=int(raw.get('rtc_training_max_delay', 0)),
-                use_relative_actions=_bool_field(raw, 'use_relative_actions', False),
-                relative_exclude_joints=_names_field(raw, 'relative_exclude_joints', ('gripper',)) or (),
-                action_feature_names=_names_field(raw, 'action_feature_names', None),
+                use_relative_actions=bool_field(raw, 'use_relative_actions', False),
+                relative_exclude_joints=names_field(raw, 'relative_exclude_joints', ('gripper',)) or (),
+                action_feature_names=names_field(raw, 'action_feature_names', None),
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ConfigError(f'config.json is malformed: {exc!r}') from exc
@@ -261,160 +255,90 @@ class PolicyConfig:
         return cls.from_lerobot_dict(raw)
 
 
-_POLICY_TYPE_DEFAULTS: Dict[str, Dict[str, Any]] = {
-    'pi0': {'tokenizer_max_length': 48,
-            'normalization_mapping': {'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'}},
-    'pi05': {'tokenizer_max_length': 200,
-             'normalization_mapping': {'VISUAL': 'IDENTITY', 'STATE': 'QUANTILES', 'ACTION': 'QUANTILES'}},
-}
-
-
 # ---- every config.json field, classified ---------------------------------------------------------
 #
 # The fields of lerobot's PreTrainedConfig, PI0Config and PI05Config at huggingface/lerobot
 # 7427f31801f944f5ec9ce53cda02862ce7d1638b (src/lerobot/configs/policies.py,
 # src/lerobot/policies/pi0/configuration_pi0.py, src/lerobot/policies/pi05/configuration_pi05.py), plus the
-# draccus choice key "type" and this project's "model_sizes". test/test_config_fields.py holds those lists
-# and fails when a field is missing here.
+# draccus choice key "type" and this project's "model_sizes". The two lerobot classes differ in a few
+# fields only, so they share one table; ``policy_types`` says which class has a field.
+# test/test_config_fields.py holds those lists and fails when a field is missing here.
 
-IMPLEMENTED = 'implemented'      # read and reproduced
-TRAINING = 'training'            # only training reads it: accepted with any value
-METADATA = 'metadata'            # bookkeeping or another component's setting: accepted with any value
-DEFAULT_ONLY = 'default_only'    # changes inference and is not implemented: loads only at `accepted` values
+PALIGEMMA_TYPES = ('pi0', 'pi05')       # the lerobot types this config class describes
 PI05_ONLY = ('pi05',)
 
 
-@dataclass(frozen=True)
-class ConfigField:
-    name: str
-    handling: str
-    why: str
-    accepted: Tuple[Any, ...] = ()               # DEFAULT_ONLY: the values that load (JSON values)
-    policy_types: Tuple[str, ...] = POLICY_TYPES  # the lerobot config types that have this field
+def _field(name: str, handling: str, why: str, accepted: Tuple[Any, ...] = (),
+           policy_types: Tuple[str, ...] = PALIGEMMA_TYPES) -> ConfigField:
+    return ConfigField(name, handling, why, accepted, policy_types)
 
 
 LEROBOT_CONFIG_FIELDS: Tuple[ConfigField, ...] = (
-    ConfigField('type', IMPLEMENTED, 'pi0 or pi05; any other policy is refused'),
-    ConfigField('model_sizes', IMPLEMENTED, "this project's extension: explicit tower sizes (tiny and bench models)"),
+    _field('type', IMPLEMENTED, 'pi0 or pi05; any other policy is refused'),
+    _field('model_sizes', IMPLEMENTED, "this project's extension: explicit tower sizes (tiny and bench models)"),
     # ---- PreTrainedConfig ----
-    ConfigField('n_obs_steps', DEFAULT_ONLY, 'observation history is not implemented (one observation per chunk)',
-                accepted=(1,)),
-    ConfigField('input_features', IMPLEMENTED, 'camera names and order, state dimension'),
-    ConfigField('output_features', IMPLEMENTED, 'action dimension'),
-    ConfigField('device', METADATA, "where lerobot ran; the node's device parameter decides"),
-    ConfigField('use_amp', METADATA, "lerobot's autocast switch; the node's dtype parameter sets the precision"),
-    ConfigField('use_peft', DEFAULT_ONLY,
-                'PEFT adapters are not loaded (merge the adapter into model.safetensors first)', accepted=(False,)),
-    ConfigField('push_to_hub', METADATA, 'Hub upload'),
-    ConfigField('repo_id', METADATA, 'Hub upload'),
-    ConfigField('private', METADATA, 'Hub upload'),
-    ConfigField('tags', METADATA, 'Hub upload'),
-    ConfigField('license', METADATA, 'Hub upload'),
-    ConfigField('pretrained_path', METADATA, 'where training started from'),
-    ConfigField('pretrained_revision', METADATA, 'where training started from'),
+    *(dataclasses.replace(entry, policy_types=PALIGEMMA_TYPES) for entry in PRETRAINED_CONFIG_FIELDS),
     # ---- PI0Config / PI05Config ----
-    ConfigField('paligemma_variant', IMPLEMENTED, 'language model size'),
-    ConfigField('action_expert_variant', IMPLEMENTED, 'action expert size'),
-    ConfigField('dtype', METADATA, "lerobot's precision; the node's dtype parameter sets ours (bf16 keeps the same "
-                'modules in fp32 as lerobot)'),
-    ConfigField('chunk_size', IMPLEMENTED, 'actions per chunk'),
-    ConfigField('n_action_steps', IMPLEMENTED, "checked <= chunk_size; the node's execute_steps publishes"),
-    ConfigField('use_visual_memory', DEFAULT_ONLY, 'MEM video memory is not implemented', accepted=(False,),
-                policy_types=PI05_ONLY),
-    ConfigField('use_proprioceptive_memory', DEFAULT_ONLY, 'MEM state memory is not implemented', accepted=(False,),
-                policy_types=PI05_ONLY),
-    ConfigField('memory_frames', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
-    ConfigField('memory_stride', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
-    ConfigField('memory_temporal_attention_every', METADATA, 'read only with MEM, which loads only when off',
-                policy_types=PI05_ONLY),
-    ConfigField('max_state_dim', IMPLEMENTED, 'pi0 state projection width (pi0.5: the padded legacy prompt)'),
-    ConfigField('max_action_dim', IMPLEMENTED, 'noise and action projection width'),
-    ConfigField('num_inference_steps', IMPLEMENTED, "Euler steps (the node's num_steps parameter overrides)"),
-    ConfigField('time_sampling_beta_alpha', TRAINING, 'flow-matching time sampling'),
-    ConfigField('time_sampling_beta_beta', TRAINING, 'flow-matching time sampling'),
-    ConfigField('time_sampling_scale', TRAINING, 'flow-matching time sampling'),
-    ConfigField('time_sampling_offset', TRAINING, 'flow-matching time sampling'),
-    ConfigField('min_period', IMPLEMENTED, 'time embedding'),
-    ConfigField('max_period', IMPLEMENTED, 'time embedding'),
-    ConfigField('use_relative_actions', IMPLEMENTED, 'raw state added back to masked joints'),
-    ConfigField('relative_exclude_joints', IMPLEMENTED, 'joints kept absolute (substring match on names)'),
-    ConfigField('action_feature_names', IMPLEMENTED, 'names the exclusions are matched against'),
-    ConfigField('rtc_config', METADATA, "lerobot's rollout-time RTC settings (null in trained checkpoints); the "
-                "node's chunking and rtc_* parameters decide"),
-    ConfigField('rtc_training_max_delay', IMPLEMENTED, 'trained real-time chunking: the largest clamped prefix '
-                '(rtc_mode trained)', policy_types=PI05_ONLY),
-    ConfigField('image_resolution', IMPLEMENTED, 'model image size (resize with pad)'),
-    ConfigField('empty_cameras', IMPLEMENTED, 'masked placeholder cameras'),
-    ConfigField('tokenizer_max_length', IMPLEMENTED, 'prompt length'),
-    ConfigField('normalization_mapping', IMPLEMENTED, 'VISUAL IDENTITY; STATE and ACTION any lerobot mode'),
-    ConfigField('gradient_checkpointing', TRAINING, 'memory saving in training'),
-    ConfigField('compile_model', TRAINING, 'torch.compile (speed only)'),
-    ConfigField('compile_mode', TRAINING, 'torch.compile (speed only)'),
-    ConfigField('freeze_vision_encoder', TRAINING, 'fine-tuning'),
-    ConfigField('train_expert_only', TRAINING, 'fine-tuning'),
-    ConfigField('optimizer_lr', TRAINING, 'optimizer'),
-    ConfigField('optimizer_betas', TRAINING, 'optimizer'),
-    ConfigField('optimizer_eps', TRAINING, 'optimizer'),
-    ConfigField('optimizer_weight_decay', TRAINING, 'optimizer'),
-    ConfigField('optimizer_grad_clip_norm', TRAINING, 'optimizer'),
-    ConfigField('scheduler_warmup_steps', TRAINING, 'learning-rate schedule'),
-    ConfigField('scheduler_decay_steps', TRAINING, 'learning-rate schedule'),
-    ConfigField('scheduler_decay_lr', TRAINING, 'learning-rate schedule'),
+    _field('paligemma_variant', IMPLEMENTED, 'language model size'),
+    _field('action_expert_variant', IMPLEMENTED, 'action expert size'),
+    _field('dtype', METADATA, "lerobot's precision; the node's dtype parameter sets ours (bf16 keeps the same "
+           'modules in fp32 as lerobot)'),
+    _field('chunk_size', IMPLEMENTED, 'actions per chunk'),
+    _field('n_action_steps', IMPLEMENTED, "checked <= chunk_size; the node's execute_steps publishes"),
+    _field('use_visual_memory', DEFAULT_ONLY, 'MEM video memory is not implemented', accepted=(False,),
+           policy_types=PI05_ONLY),
+    _field('use_proprioceptive_memory', DEFAULT_ONLY, 'MEM state memory is not implemented', accepted=(False,),
+           policy_types=PI05_ONLY),
+    _field('memory_frames', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
+    _field('memory_stride', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
+    _field('memory_temporal_attention_every', METADATA, 'read only with MEM, which loads only when off',
+           policy_types=PI05_ONLY),
+    _field('max_state_dim', IMPLEMENTED, 'pi0 state projection width (pi0.5: the padded legacy prompt)'),
+    _field('max_action_dim', IMPLEMENTED, 'noise and action projection width'),
+    _field('num_inference_steps', IMPLEMENTED, "Euler steps (the node's num_steps parameter overrides)"),
+    _field('time_sampling_beta_alpha', TRAINING, 'flow-matching time sampling'),
+    _field('time_sampling_beta_beta', TRAINING, 'flow-matching time sampling'),
+    _field('time_sampling_scale', TRAINING, 'flow-matching time sampling'),
+    _field('time_sampling_offset', TRAINING, 'flow-matching time sampling'),
+    _field('min_period', IMPLEMENTED, 'time embedding'),
+    _field('max_period', IMPLEMENTED, 'time embedding'),
+    _field('use_relative_actions', IMPLEMENTED, 'raw state added back to masked joints'),
+    _field('relative_exclude_joints', IMPLEMENTED, 'joints kept absolute (substring match on names)'),
+    _field('action_feature_names', IMPLEMENTED, 'names the exclusions are matched against'),
+    _field('rtc_config', METADATA, "lerobot's rollout-time RTC settings (null in trained checkpoints); the "
+           "node's chunking and rtc_* parameters decide"),
+    _field('rtc_training_max_delay', IMPLEMENTED, 'trained real-time chunking: the largest clamped prefix '
+           '(rtc_mode trained)', policy_types=PI05_ONLY),
+    _field('image_resolution', IMPLEMENTED, 'model image size (resize with pad)'),
+    _field('empty_cameras', IMPLEMENTED, 'masked placeholder cameras'),
+    _field('tokenizer_max_length', IMPLEMENTED, 'prompt length'),
+    _field('normalization_mapping', IMPLEMENTED, 'VISUAL IDENTITY; STATE and ACTION any lerobot mode'),
+    _field('gradient_checkpointing', TRAINING, 'memory saving in training'),
+    _field('compile_model', TRAINING, 'torch.compile (speed only)'),
+    _field('compile_mode', TRAINING, 'torch.compile (speed only)'),
+    _field('freeze_vision_encoder', TRAINING, 'fine-tuning'),
+    _field('train_expert_only', TRAINING, 'fine-tuning'),
+    _field('optimizer_lr', TRAINING, 'optimizer'),
+    _field('optimizer_betas', TRAINING, 'optimizer'),
+    _field('optimizer_eps', TRAINING, 'optimizer'),
+    _field('optimizer_weight_decay', TRAINING, 'optimizer'),
+    _field('optimizer_grad_clip_norm', TRAINING, 'optimizer'),
+    _field('scheduler_warmup_steps', TRAINING, 'learning-rate schedule'),
+    _field('scheduler_decay_steps', TRAINING, 'learning-rate schedule'),
+    _field('scheduler_decay_lr', TRAINING, 'learning-rate schedule'),
 )
-CONFIG_FIELDS: Dict[str, ConfigField] = {entry.name: entry for entry in LEROBOT_CONFIG_FIELDS}
+CONFIG_FIELDS: Dict[str, ConfigField] = table(LEROBOT_CONFIG_FIELDS)
+
+
+def fields_for(policy_type: str) -> Dict[str, ConfigField]:
+    """The rows of the table that lerobot's config class for ``policy_type`` has."""
+    return {name: entry for name, entry in CONFIG_FIELDS.items() if policy_type in entry.policy_types}
 
 
 def check_lerobot_fields(raw: Mapping[str, Any]) -> None:
     """Refuse keys the table does not know for this type, and unimplemented fields away from their accepted values."""
-    policy_type = raw.get('type')
-    known = {name for name, entry in CONFIG_FIELDS.items() if policy_type in entry.policy_types}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f'config.json has field(s) {unknown} that a lerobot {policy_type} config '
-                          '(lerobot 7427f318) does not have; refusing rather than ignoring them')
-    for name, value in raw.items():
-        entry = CONFIG_FIELDS[name]
-        if entry.handling == DEFAULT_ONLY and not any(_same_json(value, ok) for ok in entry.accepted):
-            allowed = ' or '.join(json.dumps(ok) for ok in entry.accepted)
-            raise ConfigError(f'config.json sets {name} = {json.dumps(value)}: {entry.why}; vla_policy_node '
-                              f'loads it only with {name} = {allowed}')
-
-
-def _same_json(value: Any, accepted: Any) -> bool:
-    # 1 == True in Python; a config value must also have the accepted value's JSON type.
-    return type(value) is type(accepted) and value == accepted
-
-
-def _normalization_mapping(raw: Any) -> Dict[str, str]:
-    """lerobot's normalization_mapping, refused where we would compute something else."""
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f'config.json normalization_mapping must be an object, got {json.dumps(raw)}')
-    for feature_type, mode in raw.items():
-        if mode not in NORM_MODES:
-            raise ConfigError(f'config.json normalization_mapping.{feature_type} = {json.dumps(mode)} is not '
-                              f'implemented (known modes: {", ".join(NORM_MODES)})')
-        if feature_type == 'VISUAL' and mode != 'IDENTITY':
-            # Images go to the vision tower as [-1, 1] pixels; no image statistics are applied.
-            raise ConfigError(f'config.json normalization_mapping.VISUAL = {json.dumps(mode)} is not '
-                              'implemented (only IDENTITY)')
-    return dict(raw)
-
-
-def _bool_field(raw: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = raw.get(name, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f'config.json {name} must be true or false, got {json.dumps(value)}')
-    return value
-
-
-def _names_field(raw: Mapping[str, Any], name: str,
-                 default: Optional[Tuple[str, ...]]) -> Optional[Tuple[str, ...]]:
-    value = raw.get(name, default)
-    if value is None or isinstance(value, tuple):
-        return value
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ConfigError(f'config.json {name} must be a list of strings or null, got {json.dumps(value)}')
-    return tuple(value)
+    policy_type = str(raw.get('type'))
+    check_fields(raw, fields_for(policy_type), policy_type, 'PI0Config/PI05Config')
 
 
 def _gemma_size(explicit: Optional[Mapping[str, int]], variant: str, field_name: str) -> GemmaSize:
@@ -442,14 +366,16 @@ def preset(name: str, policy_type: str = 'pi0', **overrides: Any) -> PolicyConfi
       ``depth`` layers per tower, for CPU benchmarks with realistic shapes.
     - ``pi0`` / ``pi05``: the real sizes.
     """
-    defaults = _POLICY_TYPE_DEFAULTS[policy_type]
+    if name in PALIGEMMA_TYPES:
+        policy_type = name
+    traits = paligemma_traits(policy_type)
     common: Dict[str, Any] = dict(policy_type=policy_type,
-                                  tokenizer_max_length=defaults['tokenizer_max_length'],
-                                  normalization_mapping=defaults['normalization_mapping'])
+                                  tokenizer_max_length=traits.tokenizer_max_length,
+                                  normalization_mapping=traits.normalization_mapping)
     if name == 'tiny':
         cfg = dict(common, vision=TINY_VISION, language=TINY_LANGUAGE, expert=TINY_EXPERT, vocab_size=512,
                    image_resolution=(32, 32), chunk_size=10, n_action_steps=10, state_dim=6, action_dim=6,
-                   tokenizer_max_length=16 if policy_type == 'pi0' else 200)
+                   tokenizer_max_length=traits.tiny_tokenizer_max_length)
     elif name == 'pi0_shallow':
         depth = int(overrides.pop('depth', 2))
         lm, ex = GEMMA_VARIANTS['gemma_2b'], GEMMA_VARIANTS['gemma_300m']
@@ -457,8 +383,8 @@ def preset(name: str, policy_type: str = 'pi0', **overrides: Any) -> PolicyConfi
                    language=dataclasses.replace(lm, depth=depth), expert=dataclasses.replace(ex, depth=depth),
                    # The embedding table is the one tensor whose size does not scale with depth.
                    vocab_size=overrides.pop('vocab_size', 4096))
-    elif name in POLICY_TYPES:
-        cfg = dict(common, policy_type=name, vision=SIGLIP_SO400M_14,
+    elif name in PALIGEMMA_TYPES:
+        cfg = dict(common, vision=SIGLIP_SO400M_14,
                    language=GEMMA_VARIANTS['gemma_2b'], expert=GEMMA_VARIANTS['gemma_300m'])
     else:
         raise ConfigError(f'unknown preset {name!r}; known: tiny, pi0_shallow, pi0, pi05')

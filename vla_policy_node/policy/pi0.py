@@ -89,7 +89,7 @@ class PaliGemma(nn.Module):
 class GemmaExpert(nn.Module):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
-        cond_dim = config.expert.width if config.policy_type == 'pi05' else None
+        cond_dim = config.expert.width if config.traits.adaptive_expert else None
         self.model = GemmaStack(config.expert, config.rms_norm_eps, cond_dim=cond_dim)
 
 
@@ -101,7 +101,8 @@ class PaliGemmaWithExpert(nn.Module):
 
 
 class PiZeroModel(nn.Module):
-    """pi0 (``policy_type='pi0'``) or pi0.5 (``'pi05'``), inference only."""
+    """pi0 (a state token, time fused into the action tokens) or pi0.5 (state in the prompt, adaptive
+    expert norms), as ``config.traits`` says; inference only."""
 
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -110,7 +111,7 @@ class PiZeroModel(nn.Module):
         self.paligemma_with_expert = PaliGemmaWithExpert(config)
         self.action_in_proj = nn.Linear(config.max_action_dim, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
-        if config.policy_type == 'pi0':
+        if config.traits.state_token:
             self.state_proj = nn.Linear(config.max_state_dim, width)
             self.action_time_mlp_in = nn.Linear(2 * width, width)
             self.action_time_mlp_out = nn.Linear(width, width)
@@ -211,7 +212,7 @@ class PiZeroModel(nn.Module):
         valid = pad.long().sum(dim=1, keepdim=True)                                     # [B, 1]
         state = None
         start = prefix_len
-        if cfg.policy_type == 'pi0':
+        if cfg.traits.state_token:
             allowed = torch.cat([pad, pad.new_ones(batch, 1)], dim=1)[:, None, None]     # [B, 1, 1, P+1]
             cos, sin = rope_cos_sin(valid, cfg.expert.head_dim, cfg.rope_theta)
             state = (cos, sin, fold_mask(additive_mask(allowed, self.compute_dtype), groups))
@@ -230,7 +231,7 @@ class PiZeroModel(nn.Module):
         """
         width = self.config.expert.width
         embs = self.time_embeddings(num_steps)                                          # [N + 1, W]
-        if self.config.policy_type == 'pi0':
+        if not self.config.traits.adaptive_expert:
             layer = self.action_time_mlp_in
             return F.linear(embs, layer.weight[:, width:], layer.bias)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(embs))))
@@ -249,7 +250,7 @@ class PiZeroModel(nn.Module):
         term = time_terms[step]                                                         # [W]
         if clean is not None:
             term = torch.where(clean[..., None], time_terms[-1], term)                  # [B, H, W]
-        if self.config.policy_type == 'pi0':
+        if not self.config.traits.adaptive_expert:
             hidden = F.linear(action_tokens, self.action_time_mlp_in.weight[:, :width]) + term
             return self.action_time_mlp_out(F.silu(hidden)).to(self.compute_dtype), None
         cond = term if clean is not None else term[None].expand(batch, -1)              # [B, H, W] or [B, W]

@@ -14,10 +14,12 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from torch import nn
+
 from .checkpoint import save_checkpoint
-from .config import PolicyConfig, preset
+from .config import preset
+from .families import family_class
 from .layers import fuse_projections
-from .pi0 import PiZeroModel
 from .tiny_tokenizer import build_test_tokenizer
 
 DEFAULT_SEED = 0
@@ -26,14 +28,14 @@ ACTION_STD = 0.2
 STATE_STD = 0.5
 
 
-def random_model(config: PolicyConfig, seed: int = DEFAULT_SEED) -> PiZeroModel:
+def random_model(config, seed: int = DEFAULT_SEED) -> nn.Module:
     """torch's default initialisation under a fixed seed: same seed, same weights, on any machine.
 
     Projections are fused as a loaded model's are (same GEMMs, same numerics)."""
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        return fuse_projections(PiZeroModel(config)).eval()
+        return fuse_projections(family_class(config.policy_type).model_class(config)).eval()
     finally:
         torch.random.set_rng_state(generator_state)
 
@@ -47,7 +49,7 @@ def statistics(dim: int, std: float) -> dict:
             'q10': zeros - 1.28 * spread, 'q90': zeros + 1.28 * spread}
 
 
-def write_random_checkpoint(folder: Path, config: PolicyConfig, seed: int = DEFAULT_SEED) -> Path:
+def write_random_checkpoint(folder: Path, config, seed: int = DEFAULT_SEED) -> Path:
     """A lerobot pretrained_model/ folder with seeded random weights and a small trained tokenizer."""
     model = random_model(config, seed)
     with tempfile.TemporaryDirectory() as scratch:

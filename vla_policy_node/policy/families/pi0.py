@@ -1,0 +1,129 @@
+"""pi0: PaliGemma prefix (SigLIP + Gemma 2B), a Gemma 300M action expert, the state as one suffix token.
+
+lerobot ``src/lerobot/policies/pi0/`` at 7427f318 (``modeling_pi0.py``, ``processor_pi0.py``). The model
+and its building blocks live in ``policy/`` (``pi0.py``, ``gemma.py``, ``siglip.py``, ``layers.py``) and are
+shared with pi0.5 (``families/pi05.py``, a subclass of this family that changes what differs).
+
+    prompt   BOS + task + "\\n", right padded to tokenizer_max_length (PaliGemma tokenizer)
+    images   resize-with-pad to image_resolution, centred (lerobot resize_with_pad_torch), x*2-1
+    prefix   [image tokens ; language tokens]                            -> PrefixContext (K/V per layer)
+    denoise  [state token ; action tokens] against it, Euler over num_steps
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ...cache.context import PrefixContext
+from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
+                          normalizer_step, relative_step, write_folder)
+from ..config import PaliGemmaTraits, PolicyConfig
+from ..config_fields import ConfigError
+from ..family import PolicyFamily
+from ..pi0 import PiZeroModel, param_dtype
+from ..preprocess import resize_with_pad, to_model_range
+from ..rtc import RTCSettings
+from ..tokenizer import PromptTokenizer, TokenizerError
+
+HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
+LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
+                'paligemma_with_expert.gemma_expert.lm_head.weight')
+EMBED_KEY = 'paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight'
+# Key spellings written by other transformers versions and exports -> ours.
+KEY_RENAMES: Tuple[Tuple[str, str], ...] = (
+    (r'^paligemma_with_expert\.paligemma\.(language_model|vision_tower|multi_modal_projector)\.',
+     r'paligemma_with_expert.paligemma.model.\1.'),
+    (r'\.vision_tower\.(embeddings|encoder|post_layernorm)', r'.vision_tower.vision_model.\1'),
+)
+
+
+class Pi0Family(PolicyFamily):
+    """pi0 behind the family interface; pi0.5 overrides the class attributes and ``prompt_tokens``."""
+
+    type_name: ClassVar[str] = 'pi0'
+    paligemma_traits: ClassVar[PaliGemmaTraits] = PaliGemmaTraits(
+        state_token=True, adaptive_expert=False, tokenizer_max_length=48,
+        normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'},
+        tiny_tokenizer_max_length=16)
+    weight_keys: ClassVar[WeightKeys] = WeightKeys(param_dtype=param_dtype, renames=KEY_RENAMES,
+                                                   known_unused=lambda key: key in LM_HEAD_KEYS,
+                                                   stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
+    model_class: ClassVar[Any] = PiZeroModel
+    model: PiZeroModel
+
+    # ---- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def parse_config(cls, raw: Mapping[str, Any]) -> PolicyConfig:
+        return PolicyConfig.from_lerobot_dict(raw)
+
+    @classmethod
+    def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
+                        dtype: torch.dtype) -> LoadedCheckpoint:
+        try:
+            config = cls.parse_config(raw)
+        except ConfigError as exc:
+            raise CheckpointError(str(exc)) from exc
+        return load_parts(folder, config, cls.model_class, device, dtype, cls.weight_keys)
+
+    @classmethod
+    def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
+             tokenizer_path: Optional[Path] = None, **options: Any) -> 'Pi0Family':
+        from ..checkpoint import read_config_json
+        options = cls.checked_options(options)     # refuse another family's option before loading anything
+        loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype)
+        tokenizer_file = tokenizer_path or loaded.tokenizer_path
+        if tokenizer_file is None:
+            raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
+                                 'tokenizer.model (see README "Getting a real checkpoint")')
+        tokenizer = PromptTokenizer.from_path(tokenizer_file)
+        if tokenizer.vocab_size > loaded.config.vocab_size:
+            raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
+                                 f'model embedding ({loaded.config.vocab_size})')
+        return cls(loaded.config, loaded.model, loaded.state_normalizer, loaded.action_normalizer, tokenizer,
+                   loaded.weights_path, **options)
+
+    # ---- saving (the tiny default and tests write lerobot folders) ----------------------------------
+    @classmethod
+    def preprocessor_steps(cls, config: PolicyConfig) -> List[Dict[str, Any]]:
+        """lerobot processor_pi0's step order: new line, tokenizer, device, relative actions, normalizer."""
+        return common_steps() + [{'registry_name': 'pi0_new_line_processor', 'config': {}},
+                                 tokenizer_step(config), device_step(), relative_step(config),
+                                 normalizer_step(config)]
+
+    @classmethod
+    def save_checkpoint(cls, folder: Path, model: PiZeroModel, state_stats: Mapping[str, np.ndarray],
+                        action_stats: Mapping[str, np.ndarray], tokenizer_file: Optional[Path] = None) -> Path:
+        config = model.config
+        tensors = dict(model.state_dict())
+        # Real folders carry both LM heads (the PaliGemma one tied to the embedding).
+        tensors[LM_HEAD_KEYS[0]] = tensors[EMBED_KEY].clone()
+        tensors[LM_HEAD_KEYS[1]] = torch.zeros(config.vocab_size, config.expert.width)
+        return write_folder(folder, config, config.to_lerobot_dict(), tensors, cls.preprocessor_steps(config),
+                            state_stats, action_stats, tokenizer_files=[tokenizer_file] if tokenizer_file else [])
+
+    # ---- the model calls -----------------------------------------------------------------------------
+    def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        return self.tokenizer.encode_pi0(instruction, self.config.tokenizer_max_length)
+
+    def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
+        return to_model_range(resize_with_pad(unit, self.config.image_resolution))
+
+    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                    token_masks: torch.Tensor) -> PrefixContext:
+        return self.model.fill_prefix(images, image_masks, tokens, token_masks)
+
+    def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
+                prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
+                execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
+        chunk = self.model.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                       inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.model.euler_loop(chunk)
+
+
+def tokenizer_step(config: PolicyConfig) -> Dict[str, Any]:
+    return {'registry_name': 'tokenizer_processor',
+            'config': {'max_length': config.tokenizer_max_length, 'task_key': 'task', 'padding_side': 'right',
+                       'padding': 'max_length', 'truncation': True, 'tokenizer_name': HUB_TOKENIZER_NAME}}
