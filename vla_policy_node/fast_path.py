@@ -422,6 +422,7 @@ class PrefixGraphs:
         self.cache = GraphCache(max_graphs, max_graph_bytes)
         self.capturer = capturer or GraphCapturer()
         self.failures = _ShapeFailures()
+        self.replays = 0
 
     def _fill(self, inputs: PrefixInputs) -> PrefixContext:
         return self.family.fill_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
@@ -447,4 +448,9 @@ class PrefixGraphs:
             return self._fill(inputs)
         tree_copy_(entry.inputs, inputs)
         entry.graph.replay()
+        self.replays += 1
         return tree_clone(entry.output)          # never graph-owned memory in the cache
+
+    def describe(self) -> Dict[str, Any]:
+        return {'prefix_graphs': len(self.cache), 'prefix_graph_bytes': self.cache.bytes,
+                'prefix_replays': self.replays, 'prefix_capture_failures': len(self.failures.keys)}

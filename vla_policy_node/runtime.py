@@ -503,6 +503,8 @@ class PolicyRuntime:
                                       'prompt_buckets': list(self.prompt_buckets)}
         if self._fast is not None:
             summary.update(self._fast.describe())
+        if self._prefix_graphs is not None:
+            summary.update(self._prefix_graphs.describe())
         return summary
 
     def close(self) -> None:
