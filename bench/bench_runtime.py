@@ -2,6 +2,7 @@
 
     python bench/bench_runtime.py                      # tiny + pi0_shallow on CPU (about a minute)
     python bench/bench_runtime.py --presets pi0 --device cuda --dtype bfloat16   # full pi0 on a GPU
+    python bench/bench_runtime.py --presets smolvla_tiny,smolvla   # SmolVLA: tiny and the real shape, 2 cameras
 
 Weights are random (timing does not depend on their values); observations are
 three 640x480 rgb8 frames, an instruction and a state. A "miss" changes one
@@ -42,11 +43,10 @@ from vla_policy_node.cache import PrefixKeyBuilder  # noqa: E402
 from vla_policy_node.images import RawImage  # noqa: E402
 from vla_policy_node.policy.config import preset  # noqa: E402
 from vla_policy_node.policy.families import family_class  # noqa: E402
+from vla_policy_node.policy.layers import LlamaRMSNorm  # noqa: E402
 from vla_policy_node.policy.normalize import FeatureNormalizer  # noqa: E402
-from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
+from vla_policy_node.policy.smolvla_config import smolvla_preset  # noqa: E402
 from vla_policy_node.policy.tiny_default import statistics as norm_statistics  # noqa: E402
-from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer  # noqa: E402
-from vla_policy_node.policy.tokenizer import PromptTokenizer  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.runtime import STAGES, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402
 from vla_policy_node.trajectory import build_plan  # noqa: E402
@@ -66,13 +66,23 @@ def camera_frames(names, seed: int) -> Dict[str, RawImage]:
             for name in names}
 
 
-def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, tokenizer: PromptTokenizer,
+def bench_config(preset_name: str, depth: int):
+    """The config of a preset: pi0 ones (tiny, pi0_shallow, pi0, pi05) or SmolVLA ones (smolvla_tiny, smolvla:
+    the real shape, SmolVLM2-500M cut to 16 layers, 2 cameras)."""
+    if preset_name.startswith('smolvla'):
+        return smolvla_preset('tiny' if preset_name == 'smolvla_tiny' else 'smolvla')
+    overrides = {'depth': depth} if preset_name == 'pi0_shallow' else {}
+    return preset(preset_name, **overrides)
+
+
+def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, scratch: Path,
                    depth: int) -> PolicyRuntime:
     """A runtime over a randomly initialised model, built on the device directly (no checkpoint file)."""
-    overrides = {'depth': depth} if preset_name == 'pi0_shallow' else {}
-    config = preset(preset_name, **overrides)
+    config = bench_config(preset_name, depth)
+    family = family_class(config.policy_type)
+    tokenizer = family.tokenizer_class.from_path(family.build_test_tokenizer(scratch / preset_name, 512))
     with torch.device('meta'):
-        model = PiZeroModel(config)
+        model = family.model_class(config)
     model.to_empty(device=device)
     generator = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
@@ -81,15 +91,18 @@ def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, t
                 param.zero_()
             else:
                 param.normal_(0.0, 0.02, generator=generator)
+        for module in model.modules():
+            if isinstance(module, LlamaRMSNorm):     # x * w: a zero weight would silence the stream
+                module.weight.fill_(1.0)
     model.set_compute_dtype(dtype).eval()
     _fuse(model)
     state = FeatureNormalizer('observation.state', 'MEAN_STD', norm_statistics(config.state_dim, 0.5))
     action = FeatureNormalizer('action', 'MEAN_STD', norm_statistics(config.action_dim, 0.2))
-    policy = family_class(config.policy_type)(config, model, state, action, tokenizer, Path('random'))
+    policy = family(config, model, state, action, tokenizer, Path('random'))
     return PolicyRuntime(policy, model_revision=f'random-{preset_name}')
 
 
-def _fuse(model: PiZeroModel) -> None:
+def _fuse(model: torch.nn.Module) -> None:
     """What the checkpoint loader does after loading (absent on code older than issue 13)."""
     try:
         from vla_policy_node.policy.layers import fuse_projections
@@ -233,21 +246,24 @@ def bench_hash(repeats: int = 200) -> Dict[str, float]:
 
 
 def entry_bytes(runtime: PolicyRuntime) -> Dict[str, int]:
-    """Measured bytes of one cached prefix against 2 x layers x kv_heads x head_dim x prefix_len x dtype bytes."""
+    """Measured bytes of one cached prefix (K/V and the family's extra K/V) against the config's analytic count."""
     config = runtime.config
     observation = Observation(camera_frames(config.camera_names, seed=3), np.zeros(config.state_dim), INSTRUCTION)
     runtime.cache.clear()
     runtime.infer(observation, seed=0)
     context = runtime.cache.get(runtime.prefix_key(observation))
     element = context.kv.element_size()
-    return {'measured_kv': context.kv.numel() * element, 'measured_total': context.nbytes,
-            'analytic': config.kv_bytes_per_token(element) * config.prefix_len, 'prefix_len': config.prefix_len}
+    pad_bytes = context.pad_mask.numel() * context.pad_mask.element_size()
+    return {'measured_kv': context.nbytes - pad_bytes, 'measured_total': context.nbytes,
+            'analytic': config.kv_entry_bytes(element), 'analytic_total': config.cache_entry_bytes(element),
+            'prefix_len': config.prefix_len}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--presets', default='tiny,pi0_shallow',
-                        help='comma list of tiny, pi0_shallow, pi0 (full size: use a GPU)')
+                        help='comma list of tiny, pi0_shallow, pi0 (full size: use a GPU), smolvla_tiny, smolvla '
+                        '(the real shape with random weights, 2 cameras)')
     parser.add_argument('--depth', type=int, default=2, help='layers per tower for pi0_shallow')
     parser.add_argument('--device', default='auto')
     parser.add_argument('--dtype', default='auto')
@@ -273,19 +289,19 @@ def main(argv=None) -> int:
     print(f"key of three 640x480 rgb8 frames: median {hashing['key_three_frames_ms']:.3f} ms "
           f"({hashing['bytes'] / 1e6:.2f} MB, xxh3-128 {hashing['xxh3_gb_per_s']:.1f} GB/s)")
     with tempfile.TemporaryDirectory() as scratch:
-        tokenizer = PromptTokenizer.from_path(build_test_tokenizer(Path(scratch)))
         for name in [p.strip() for p in args.presets.split(',') if p.strip()]:
-            runtime = random_runtime(name, device, dtype, tokenizer, args.depth)
+            runtime = random_runtime(name, device, dtype, Path(scratch), args.depth)
             stages = bench_stages(runtime, args.runs, args.warmup)
             # Measured again right after the stages, in the same conditions; the larger figure counts.
             peak = max(peak, peak_gemm_gflops(device, dtype, peak_size))
             sizes = entry_bytes(runtime)
             ratio = stages['miss']['total'] / stages['hit']['total']
+            layers = runtime.config.num_prefix_layers
             report[name] = {'stages_ms': stages, 'miss_over_hit': ratio, 'entry_bytes': sizes,
-                            'config': {'layers': runtime.config.language.depth, 'prefix_len': sizes['prefix_len'],
+                            'config': {'layers': layers, 'prefix_len': sizes['prefix_len'],
                                        'cameras': len(runtime.config.camera_names),
                                        'chunk': runtime.config.chunk_size, 'num_steps': runtime.num_steps}}
-            print(f'\n{name}: {runtime.config.language.depth} layers, prefix {sizes["prefix_len"]} tokens, '
+            print(f'\n{name}: {layers} layers, prefix {sizes["prefix_len"]} tokens, '
                   f'chunk {runtime.config.chunk_size}, {runtime.num_steps} steps, medians of {args.runs} runs')
             print(f"  {'':9}" + ''.join(f'{stage:>12}' for stage in STAGES + ('total',)))
             for kind in ('miss', 'hit', 'best miss', 'best hit'):
@@ -293,7 +309,7 @@ def main(argv=None) -> int:
             best_ratio = stages['best miss']['total'] / stages['best hit']['total']
             print(f'  miss / hit = {ratio:.2f}x (medians), {best_ratio:.2f}x (best runs)')
             print(f"  cache entry: {sizes['measured_kv']} bytes K/V (analytic {sizes['analytic']}), "
-                  f"{sizes['measured_total']} with the pad mask")
+                  f"{sizes['measured_total']} with the pad mask (analytic {sizes['analytic_total']})")
             eff = efficiency(runtime.config, runtime.num_steps, stages, peak)
             report[name]['efficiency'] = eff
             for stage, fig in eff.items():

@@ -16,6 +16,7 @@ from vla_policy_node.params import problems, resolve_values
 from vla_policy_node.policy.config import preset
 from vla_policy_node.policy.pi0 import PiZeroModel
 from vla_policy_node.policy.rtc import RTCSettings
+from vla_policy_node.policy.tiny_default import write_tiny_default
 from vla_policy_node.runtime import PolicyRuntime
 
 PROMPT = 12
@@ -276,30 +277,54 @@ def test_cuda_graphs_on_is_refused_without_cuda(tiny_checkpoint):  # noqa: F811
     assert resolve_values({})['cuda_graphs'] == 'off'
 
 
-def test_runtime_static_workspace_and_buckets_keep_hit_equal_to_miss(tiny_checkpoint):  # noqa: F811
-    plain = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32')
-    fast = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32', static_workspace=True)
+FAMILIES = ('pi0', 'pi05', 'smolvla')
+
+
+@pytest.fixture(scope='module')
+def family_checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp('fast_path_checkpoints')
+    return {kind: write_tiny_default(root / kind, kind) for kind in FAMILIES}
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+@pytest.mark.parametrize('graphs', [False, True], ids=['eager', 'replayed'])
+def test_every_family_through_the_fast_path_gives_the_plain_actions(family_checkpoints, family, graphs):
+    """Static workspace (eager, and replayed through the stand-in capturer) == the plain path, bit for bit,
+    entries A, B, A, B, plain and RTC; hit == miss; a prompt bucket only rounds differently."""
+    folder = family_checkpoints[family]
+    plain = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32')
+    fast = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32', static_workspace=True)
+    if graphs:
+        fast._fast.graphs = True
+        fast._fast.capturer = ReplayByRerun()
     obs, other = make_observation(), make_observation(instruction='put the cube in the box')
     longest = max(int(plain._prepare(o).token_mask.sum()) for o in (obs, other))
-    bucketed = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32', static_workspace=True,
+    bucketed = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32', static_workspace=True,
                                              prompt_buckets=[longest + 1])
-    leftover = np.zeros((4, plain.config.action_dim))
+    leftover = np.linspace(-0.5, 0.5, 4 * plain.config.action_dim).reshape(4, -1)
     rtc = dict(prev_actions=leftover, inference_delay=1, rtc=RTCSettings())
     for extra in ({}, rtc):
         expected = {name: plain.infer(o, seed=1, **extra).actions for name, o in (('A', obs), ('B', other))}
+        assert not np.array_equal(expected['A'], expected['B'])
         for runtime in (fast, bucketed):
             runtime.cache.clear()
             for name, o in (('A', obs), ('B', other), ('A', obs), ('B', other)):
                 chunk = runtime.infer(o, seed=1, **extra)
                 if runtime is fast:
-                    assert np.array_equal(chunk.actions, expected[name])
+                    assert np.array_equal(chunk.actions, expected[name]), name
                 else:
                     assert np.abs(chunk.actions - expected[name]).max() < 1e-4
             miss = runtime.infer(obs, seed=2, use_cache=False, **extra)
             hit = runtime.infer(obs, seed=2, **extra)
             assert hit.cache_hit and np.array_equal(hit.actions, miss.actions)
     assert bucketed.cache.get(bucketed.prefix_key(obs)).prefix_len < plain.config.prefix_len
-    assert fast.fast_path_summary()['cuda_graphs'] is False
+    summary = fast.fast_path_summary()
+    assert summary['cuda_graphs'] is graphs
+    assert summary['graph_replays'] > 0 if graphs else summary['graph_replays'] == 0
+    copies = summary['workspace_copies']
+    for seed in range(3):
+        fast.infer(other, seed=seed)
+    assert fast.fast_path_summary()['workspace_copies'] == copies + 1, 'hits on the resident entry copy nothing'
 
 
 # ---- the stage timer ----------------------------------------------------------------------------------

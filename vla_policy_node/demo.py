@@ -1,6 +1,6 @@
 """The demo: the real node as its own process, a sample bag replayed into it live over DDS.
 
-    python -m vla_policy_node.demo [--output artifacts/demo] [--rate 1.0]
+    python -m vla_policy_node.demo [--output artifacts/demo] [--rate 1.0] [--policy pi0|pi05|smolvla]
 
 1. writes the embedded default if missing: a tiny pi0 with RANDOM weights in
    the lerobot layout, and a sample bag (3 cameras, instruction, joint states,
@@ -34,16 +34,16 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def prepare(output: Path) -> Dict[str, Path]:
-    """The tiny checkpoint and the sample bag, made only when missing."""
+def prepare(output: Path, policy: str = 'pi0') -> Dict[str, Path]:
+    """The tiny checkpoint (of the ``policy`` family) and the sample bag, made only when missing."""
     from .policy.tiny_default import write_tiny_default
     from .replay.make_bag import SampleBagSpec, write_sample_bag
 
-    paths = {'checkpoint': output / 'tiny_pi0', 'bag': output / 'sample_bag'}
+    paths = {'checkpoint': output / f'tiny_{policy}', 'bag': output / 'sample_bag'}
     if not (paths['checkpoint'] / 'model.safetensors').exists():
         shutil.rmtree(paths['checkpoint'], ignore_errors=True)
-        write_tiny_default(paths['checkpoint'], 'pi0')
-        _say(f'[demo] wrote the tiny pi0 checkpoint (RANDOM weights) to {paths["checkpoint"]}')
+        write_tiny_default(paths['checkpoint'], policy)
+        _say(f'[demo] wrote the tiny {policy} checkpoint (RANDOM weights) to {paths["checkpoint"]}')
     if not (paths['bag'] / 'metadata.yaml').exists():
         shutil.rmtree(paths['bag'], ignore_errors=True)
         write_sample_bag(paths['bag'], SampleBagSpec(duration_sec=6.0))
@@ -207,10 +207,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--output', type=Path, default=ROOT / 'artifacts' / 'demo')
     parser.add_argument('--rate', type=float, default=1.0, help='bag replay speed factor')
+    parser.add_argument('--policy', default='pi0', choices=('pi0', 'pi05', 'smolvla'),
+                        help='the tiny random-weight policy family to run (default pi0)')
     args = parser.parse_args(argv)
     output = args.output.resolve()
     output.mkdir(parents=True, exist_ok=True)
-    paths = prepare(output)
+    paths = prepare(output, args.policy)
     live = run_live(paths, output, args.rate)
     diag = live['diagnostics']
     _say('[demo] offline evaluation of the same bag (same params, same tick path)')

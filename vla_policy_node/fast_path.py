@@ -1,11 +1,14 @@
 """The GPU fast path: a static K/V workspace, the whole denoise loop as one CUDA graph, the prefix as a
 graph, prompt-length buckets. Runtime-side and family-agnostic.
 
-A family supplies two calls (policy/pi0.py; the seam in SEAM.md section 1):
+A family supplies three calls (policy/pi0.py, policy/smolvla.py; the seam in SEAM.md section 1):
 
-    chunk_setup(context, state, noise, num_steps, *, rtc keywords, workspace=buffer) -> chunk
+    workspace_spec(context) -> ((prefix tensor [.., P, D], full length), ...)
+        the K/V workspaces its loop reads: each is the prefix tensor of the entry (pi0: the K/V; SmolVLA:
+        the K/V and the cross layers' projected K/V) extended along the token axis to the full length.
+    chunk_setup(context, state, noise, num_steps, *, rtc keywords, workspace=buffers) -> chunk
         per chunk, eager: the state part of the K/V workspace, the suffix layout, the time terms, the RTC
-        guide. ``workspace`` is a buffer this module owns whose prefix part already holds the entry's K/V.
+        guide. ``workspace`` are buffers this module owns whose prefix parts already hold the entry's.
     euler_loop(chunk) -> actions [B, H, A] fp32
         every Euler step (and the closed-form RTC guidance) from the chunk's tensors only: no host sync,
         no Python branch on a tensor value, so it can be captured as one CUDA graph.
@@ -69,14 +72,12 @@ def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
 
 
 def denoise_program(policy: Any) -> Optional[Any]:
-    """What of a loaded family runs the static-workspace loop: the object offering ``chunk_setup(...,
-    workspace=)`` and ``euler_loop(chunk)`` and a ``config`` with ``suffix_len`` - the family itself, or its
-    model (pi0, pi0.5) - or None when the family offers no capturable denoise (it then runs eagerly)."""
-    for candidate in (getattr(policy, 'denoise_program', None), policy, getattr(policy, 'model', None)):
-        if candidate is None:
-            continue
-        if all(callable(getattr(candidate, name, None)) for name in ('chunk_setup', 'euler_loop')) and \
-                hasattr(getattr(candidate, 'config', None), 'suffix_len'):
+    """What of a loaded family runs the static-workspace loop: the object offering ``workspace_spec``,
+    ``chunk_setup(..., workspace=)`` and ``euler_loop`` - the family itself or its model (pi0, pi0.5, SmolVLA)
+    - or None when the family offers no capturable denoise (it then runs eagerly)."""
+    for candidate in (policy, getattr(policy, 'model', None)):
+        if candidate is not None and all(callable(getattr(candidate, name, None))
+                                         for name in ('workspace_spec', 'chunk_setup', 'euler_loop')):
             return candidate
     return None
 
@@ -207,31 +208,34 @@ class Generations:
 
 
 class StaticWorkspace:
-    """A K/V buffer [L, 2, B, K, P + S, D] and pad mask [B, P] at one prefix length P (a bucket).
+    """The K/V buffers a family's loop reads (``workspace_spec``) at one prefix length P (a bucket), with the
+    entry's pad mask [B, P].
 
-    ``load(context, token)`` copies the entry's K/V and pad mask into the prefix part unless the workspace
-    already holds that entry (same token). The suffix part is the family's (state token, action tokens).
+    ``load(context, token)`` copies the entry's prefix tensors and pad mask into the prefix parts unless the
+    workspace already holds that entry (same token). The rest of each buffer is the family's (state token,
+    action tokens), written per chunk or per step.
     """
 
-    def __init__(self, kv_shape: Tuple[int, ...], suffix_len: int, dtype: torch.dtype, device: torch.device) -> None:
-        layers, two, batch, heads, prefix_len, dim = kv_shape
-        self.prefix_len = prefix_len
-        self.kv = torch.zeros(layers, two, batch, heads, prefix_len + suffix_len, dim, dtype=dtype, device=device)
-        self.pad_mask = torch.zeros(batch, prefix_len, dtype=torch.bool, device=device)
+    def __init__(self, spec: Sequence[Tuple[torch.Tensor, int]], pad_mask: torch.Tensor) -> None:
+        self.prefix_len = int(pad_mask.shape[1])
+        self.buffers: Tuple[torch.Tensor, ...] = tuple(
+            source.new_zeros(*source.shape[:-2], int(length), source.shape[-1]) for source, length in spec)
+        self.pad_mask = torch.zeros_like(pad_mask)
         self.resident: Optional[EntryToken] = None
         self.copies = 0
 
     @property
     def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size() + self.pad_mask.numel()
+        return sum(b.numel() * b.element_size() for b in self.buffers) + self.pad_mask.numel()
 
-    def load(self, context: PrefixContext, token: EntryToken) -> bool:
-        """Make the prefix part hold ``context``; returns whether a copy was needed."""
+    def load(self, spec: Sequence[Tuple[torch.Tensor, int]], pad_mask: torch.Tensor, token: EntryToken) -> bool:
+        """Make the prefix parts hold the entry ``spec`` describes; returns whether a copy was needed."""
         if self.resident == token:
             return False
         self.resident = None                     # a failed copy leaves nothing claimed
-        self.kv[..., :self.prefix_len, :].copy_(context.kv)
-        self.pad_mask.copy_(context.pad_mask)
+        for buffer, (source, _) in zip(self.buffers, spec):
+            buffer[..., :source.shape[-2], :].copy_(source)
+        self.pad_mask.copy_(pad_mask)
         self.resident = token
         self.copies += 1
         return True
@@ -325,8 +329,8 @@ class _ShapeFailures:
 class StaticDenoiser:
     """The denoise through a static K/V workspace, eagerly (``graphs=False``) or as replayed CUDA graphs.
 
-    ``family``: an object with ``chunk_setup(..., workspace=)`` and ``euler_loop(chunk)`` (the model) and a
-    ``config`` with ``suffix_len``; ``family_name`` and the camera count go into the graph key.
+    ``family``: what ``denoise_program`` returns (``workspace_spec``, ``chunk_setup(..., workspace=)``,
+    ``euler_loop``, a ``config``); ``family_name`` and the camera count go into the graph key.
     """
 
     def __init__(self, family: Any, *, family_name: str, graphs: bool, strict: bool = False,
@@ -344,13 +348,13 @@ class StaticDenoiser:
         loop = family.euler_loop
         self._loop: Callable[[Any], torch.Tensor] = torch.compile(loop) if compile_loop else loop
 
-    def workspace_for(self, context: PrefixContext) -> StaticWorkspace:
-        """One workspace per (prefix length, batch, dtype, device): a bucket has one, shared by its graphs."""
-        key = (tuple(context.kv.shape), str(context.kv.dtype), str(context.kv.device))
+    def workspace_for(self, spec: Sequence[Tuple[torch.Tensor, int]], context: PrefixContext) -> StaticWorkspace:
+        """One workspace per shape (prefix length, batch, dtype, device): a bucket has one, shared by its graphs."""
+        key = tuple((tuple(source.shape), int(length), str(source.dtype), str(source.device))
+                    for source, length in spec)
         workspace = self.workspaces.get(key)
         if workspace is None:
-            workspace = StaticWorkspace(tuple(context.kv.shape), self.family.config.suffix_len, context.kv.dtype,
-                                        context.kv.device)
+            workspace = StaticWorkspace(spec, context.pad_mask)
             self.workspaces[key] = workspace
         return workspace
 
@@ -363,9 +367,11 @@ class StaticDenoiser:
     def denoise(self, context: PrefixContext, token: EntryToken, state: Optional[torch.Tensor],
                 noise: torch.Tensor, num_steps: int, **continuation: Any) -> torch.Tensor:
         """Normalised actions [B, H, A] fp32, as ``family.denoise`` gives them (bit for bit, eagerly)."""
-        workspace = self.workspace_for(context)
-        workspace.load(context, token)
-        chunk = self.family.chunk_setup(context, state, noise, num_steps, workspace=workspace.kv, **continuation)
+        spec = self.family.workspace_spec(context)
+        workspace = self.workspace_for(spec, context)
+        workspace.load(spec, context.pad_mask, token)
+        chunk = self.family.chunk_setup(context, state, noise, num_steps, workspace=workspace.buffers,
+                                        **continuation)
         if self.graphs:
             key = self.graph_key(context, chunk)
             entry = self.cache.get(key)
@@ -380,7 +386,7 @@ class StaticDenoiser:
         return self._loop(chunk)
 
     def _capture(self, key: Hashable, chunk: Any, workspace: StaticWorkspace) -> Optional[CapturedGraph]:
-        inputs = tree_clone(chunk, keep=(workspace.kv,))
+        inputs = tree_clone(chunk, keep=workspace.buffers)
         try:
             entry = self.capturer.capture(self._loop, inputs)
         except Exception as exc:  # noqa: BLE001 - any capture failure: eager for that shape (strict: raise)

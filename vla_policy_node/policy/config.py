@@ -152,6 +152,11 @@ class PolicyConfig(PolicyLevelConfig):
         return len(self.all_camera_names) * self.tokens_per_image + self.tokenizer_max_length
 
     @property
+    def num_prefix_layers(self) -> int:
+        """Layers of the stack the prefix runs through (the language model)."""
+        return self.language.depth
+
+    @property
     def suffix_len(self) -> int:
         # pi0: one state token then the action tokens; pi0.5: the action tokens only.
         return self.chunk_size + int(self.traits.state_token)

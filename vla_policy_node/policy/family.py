@@ -28,6 +28,7 @@ from ..cache.context import PrefixContext
 from .normalize import FeatureNormalizer
 from .preprocess import empty_camera_image
 from .rtc import RTCSettings
+from .tokenizer import TokenizerError
 
 # lerobot names the padding cameras it adds for `empty_cameras` like this.
 EMPTY_CAMERA_PREFIX = 'empty_camera_'
@@ -37,7 +38,8 @@ POLICY_LEVEL_FIELDS = (
     'policy_type', 'camera_names', 'all_camera_names', 'empty_cameras', 'image_resolution', 'chunk_size',
     'n_action_steps', 'state_dim', 'action_dim', 'max_state_dim', 'max_action_dim', 'num_inference_steps',
     'tokenizer_max_length', 'normalization_mapping', 'rtc_training_max_delay', 'use_relative_actions',
-    'relative_exclude_joints', 'action_feature_names', 'tokens_per_image', 'prefix_len',
+    'relative_exclude_joints', 'action_feature_names', 'tokens_per_image', 'prefix_len', 'num_prefix_layers',
+    'vocab_size',
 )
 
 
@@ -90,6 +92,33 @@ class PolicyLevelConfig:
         return self.kv_entry_bytes(dtype_bytes) + self.prefix_len
 
 
+def check_prefix_inputs(config: PolicyLevelConfig, images: torch.Tensor, image_masks: torch.Tensor,
+                        tokens: torch.Tensor, token_masks: torch.Tensor) -> None:
+    """fill_prefix's inputs against the config: images [B, N, 3, H, W], image_masks [B, N], tokens [B, L]."""
+    cameras = len(config.all_camera_names)
+    height, width = config.image_resolution
+    if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
+        raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
+    if tuple(image_masks.shape) != (images.shape[0], cameras):
+        raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
+    # Up to tokenizer_max_length: a prompt bucket (fast_path.fit_to_bucket) drops masked padding only.
+    if tokens.shape != token_masks.shape or not 0 < tokens.shape[1] <= config.tokenizer_max_length:
+        raise ValueError(f'tokens and token_masks must be [B, <= {config.tokenizer_max_length}], '
+                         f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
+
+
+def check_chunk_inputs(config: PolicyLevelConfig, context: PrefixContext, noise: torch.Tensor,
+                       num_steps: Optional[int]) -> int:
+    """The denoise's step count (None: the config's) and noise [B, H, max_action_dim]; ValueError otherwise."""
+    steps = int(num_steps or config.num_inference_steps)
+    if steps < 1:
+        raise ValueError(f'num_steps must be >= 1, got {steps}')
+    expected = (context.batch_size, config.chunk_size, config.max_action_dim)
+    if tuple(noise.shape) != expected:
+        raise ValueError(f'noise must be {list(expected)}, got {list(noise.shape)}')
+    return steps
+
+
 class PolicyFamily(ABC):
     """One loaded policy of one family: config, model, normalisers, tokenizer and the four model calls.
 
@@ -105,8 +134,10 @@ class PolicyFamily(ABC):
     state_in_prompt: ClassVar[bool] = False
     # The family's own load options and their defaults (runtime keyword arguments pass through).
     option_defaults: ClassVar[Mapping[str, Any]] = {}
-    # The nn.Module class the family's config builds (random-weight checkpoints, benchmarks).
+    # The nn.Module class the family's config builds and its tokenizer class (``from_path``), for
+    # random-weight checkpoints and benchmarks.
     model_class: ClassVar[Any] = None
+    tokenizer_class: ClassVar[Any] = None
 
     def __init__(self, config: Any, model: torch.nn.Module, state_normalizer: FeatureNormalizer,
                  action_normalizer: FeatureNormalizer, tokenizer: Any, weights_path: Path,
@@ -138,9 +169,30 @@ class PolicyFamily(ABC):
 
     @classmethod
     @abstractmethod
+    def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
+                        dtype: torch.dtype) -> Any:
+        """Config (from config.json ``raw``), strict weights and statistics -> checkpoint.LoadedCheckpoint."""
+
+    # Where the tokenizer comes from, for the error when a folder has none.
+    tokenizer_hint: ClassVar[str] = ''
+
+    @classmethod
     def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
              tokenizer_path: Optional[Path] = None, **options: Any) -> 'PolicyFamily':
         """A lerobot ``pretrained_model/`` folder -> a loaded policy (strict: refusals name what is wrong)."""
+        from .checkpoint import read_config_json
+        options = cls.checked_options(options)     # refuse another family's option before loading anything
+        loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype)
+        tokenizer_file = tokenizer_path or loaded.tokenizer_path
+        if tokenizer_file is None:
+            raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at '
+                                 f'{cls.tokenizer_hint}')
+        tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
+        if tokenizer.vocab_size > loaded.config.vocab_size:
+            raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
+                                 f'model embedding ({loaded.config.vocab_size})')
+        return cls(loaded.config, loaded.model, loaded.state_normalizer, loaded.action_normalizer, tokenizer,
+                   loaded.weights_path, **options)
 
     # ---- device ------------------------------------------------------------------------------
     @property
@@ -164,17 +216,23 @@ class PolicyFamily(ABC):
         """What a masked camera slot gets: all -1 at the model resolution (lerobot's empty cameras)."""
         return empty_camera_image(self.config.image_resolution, self.device)
 
-    @abstractmethod
     def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
                     token_masks: torch.Tensor) -> PrefixContext:
-        """images [B, N, 3, h, w]; image_masks [B, N]; tokens, token_masks [B, L] -> read-only context."""
+        """images [B, N, 3, h, w]; image_masks [B, N]; tokens, token_masks [B, L] -> read-only context.
+        By default the model's own ``fill_prefix``."""
+        return self.model.fill_prefix(images, image_masks, tokens, token_masks)
 
-    @abstractmethod
     def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
                 prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
                 execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
         """state [B, max_state_dim] (normalised, zero-padded); noise [B, H, max_action_dim]
-        -> normalised actions [B, H, max_action_dim] fp32. ``context`` is never written."""
+        -> normalised actions [B, H, max_action_dim] fp32. ``context`` is never written.
+
+        By default the model's two halves: ``chunk_setup`` (everything fixed for the chunk: K/V workspace,
+        the state part, time terms, RTC guide) then ``euler_loop`` (the per-step loop alone)."""
+        chunk = self.model.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                       inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.model.euler_loop(chunk)
 
     def describe(self) -> Dict[str, Any]:
         """What /diagnostics and the replay summary show about the policy."""

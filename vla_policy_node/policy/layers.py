@@ -46,6 +46,19 @@ class RMSNorm(nn.Module):
         return _rms_normalize(x.float(), self.eps, 1.0 + self.weight.float()).type_as(x)
 
 
+class LlamaRMSNorm(nn.Module):
+    """Llama RMSNorm: x * rsqrt(mean(x^2) + eps) * w (plain w, not Gemma's 1 + w), in fp32, rounded once to
+    x's dtype (transformers LlamaRMSNorm; SmolVLM's text model and SmolVLA's expert)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _rms_normalize(x.float(), self.eps, self.weight.float()).type_as(x)
+
+
 class AdaptiveRMSNorm(nn.Module):
     """pi0.5 expert norm: RMSNorm whose scale and shift come from the time condition.
 
@@ -140,10 +153,11 @@ def fuse_projections(model: nn.Module) -> nn.Module:
 
 
 class GemmaMLP(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x))."""
+    """down(act(gate(x)) * up(x)); act gelu_tanh (Gemma) or silu (Llama, ``activation='silu'``)."""
 
-    def __init__(self, width: int, mlp_dim: int) -> None:
+    def __init__(self, width: int, mlp_dim: int, activation: str = 'gelu_tanh') -> None:
         super().__init__()
+        self.activation = activation
         self.gate_proj = nn.Linear(width, mlp_dim, bias=False)
         self.up_proj = nn.Linear(width, mlp_dim, bias=False)
         self.down_proj = nn.Linear(mlp_dim, width, bias=False)
@@ -156,7 +170,8 @@ class GemmaMLP(nn.Module):
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate, up = self.gate_up(x).chunk(2, dim=-1)                  # each [..., mlp_dim]
-        return self.down_proj(F.gelu(gate, approximate='tanh') * up)
+        act = F.silu(gate) if self.activation == 'silu' else F.gelu(gate, approximate='tanh')
+        return self.down_proj(act * up)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -170,6 +185,18 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[
     angles = positions.float()[..., None] * inv_freq                 # [B, S, D/2]
     angles = torch.cat([angles, angles], dim=-1)[:, :, None]         # [B, S, 1, D]
     return angles.cos(), angles.sin()
+
+
+def split_half_rope_tables(positions: torch.Tensor, head_dim: int,
+                           max_wavelength: float = 10_000.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """lerobot SmolVLA's own RoPE tables (smolvlm_with_expert.apply_rope): radians = pos / wavelength^(2i/D),
+    in fp32 -> cos, sin [B, S, 1, D] for ``apply_rope`` (whose split-half rotation is the same arithmetic)."""
+    half = head_dim // 2
+    exponents = (2.0 / head_dim) * torch.arange(half, dtype=torch.float32, device=positions.device)
+    timescale = max_wavelength ** exponents
+    radians = positions.to(torch.float32)[..., None] / timescale               # [B, S, D/2]
+    radians = torch.cat([radians, radians], dim=-1)[:, :, None]                # [B, S, 1, D]
+    return radians.cos(), radians.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -224,3 +251,46 @@ def sincos_time_embedding(t: torch.Tensor, dim: int, min_period: float, max_peri
     angular_rate = 2.0 * math.pi / period                              # [dim/2]
     angles = t.to(torch.float64)[:, None] * angular_rate[None, :]      # [N, dim/2]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class TimeEmbeddingTable:
+    """Sin-cos embeddings of the Euler times t_k = 1 + k*dt (k < num_steps), then of t = 0 (a clean token),
+    -> [num_steps + 1, width] fp32 on a device, computed once per (num_steps, device)."""
+
+    def __init__(self, width: int, min_period: float, max_period: float) -> None:
+        self.width, self.min_period, self.max_period = width, min_period, max_period
+        self._tables: dict = {}
+
+    def __call__(self, num_steps: int, device: torch.device) -> torch.Tensor:
+        from .rtc import step_times
+        key = (num_steps, str(device))
+        if key not in self._tables:
+            t = torch.tensor(step_times(num_steps) + [0.0], dtype=torch.float32)
+            emb = sincos_time_embedding(t, self.width, self.min_period, self.max_period)
+            self._tables[key] = emb.to(torch.float32).to(device)
+        return self._tables[key]
+
+
+def keep_fp32(name: str, compute_dtype: torch.dtype, markers: Sequence[str]) -> torch.dtype:
+    """Storage dtype of parameter ``name``: fp32 when a marker is in its name, else the compute dtype."""
+    return torch.float32 if any(marker in name for marker in markers) else compute_dtype
+
+
+class MixedPrecisionPolicy(nn.Module):
+    """A policy model that computes in ``compute_dtype`` but keeps the parameters its ``param_dtype`` names
+    in fp32 (subclasses set ``fp32_markers``); its device is that of its ``action_in_proj``."""
+
+    fp32_markers: Tuple[str, ...] = ()
+
+    def param_dtype(self, name: str, compute_dtype: torch.dtype) -> torch.dtype:
+        return keep_fp32(name, compute_dtype, self.fp32_markers)
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> 'MixedPrecisionPolicy':
+        self.compute_dtype = dtype
+        for name, param in self.named_parameters():
+            param.data = param.data.to(self.param_dtype(name, dtype))
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_in_proj.weight.device

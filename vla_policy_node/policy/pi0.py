@@ -16,7 +16,7 @@ Module names mirror lerobot's ``PI0Pytorch``/``PI05Pytorch`` so that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +25,9 @@ from torch import nn
 from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
-from .layers import additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
-from .rtc import RTCGuide, RTCSettings, prepare_guide, step_times
+from .family import check_chunk_inputs, check_prefix_inputs
+from .layers import MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, keep_fp32, rope_cos_sin
+from .rtc import RTCGuide, RTCSettings, prepare_guide
 from .siglip import SiglipVisionTower
 
 # Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
@@ -38,7 +39,7 @@ FP32_MODULE_MARKERS = ('vision_tower', 'multi_modal_projector', 'input_layernorm
 
 def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
     """Storage dtype of a parameter when the model computes in ``compute_dtype``."""
-    return torch.float32 if any(marker in name for marker in FP32_MODULE_MARKERS) else compute_dtype
+    return keep_fp32(name, compute_dtype, FP32_MODULE_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,12 @@ class PaliGemmaWithExpert(nn.Module):
         self.gemma_expert = GemmaExpert(config)
 
 
-class PiZeroModel(nn.Module):
+class PiZeroModel(MixedPrecisionPolicy):
     """pi0 (a state token, time fused into the action tokens) or pi0.5 (state in the prompt, adaptive
-    expert norms), as ``config.traits`` says; inference only."""
+    expert norms), as ``config.traits`` says; inference only. ``set_compute_dtype`` runs the two Gemma
+    stacks in a dtype and keeps FP32_MODULE_MARKERS modules in fp32."""
+
+    fp32_markers = FP32_MODULE_MARKERS
 
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -119,19 +123,7 @@ class PiZeroModel(nn.Module):
             self.time_mlp_in = nn.Linear(width, width)
             self.time_mlp_out = nn.Linear(width, width)
         self.compute_dtype = torch.float32
-        self._time_embeddings: Dict[Tuple[int, str], torch.Tensor] = {}
-
-    # ---- precision -------------------------------------------------------------
-    def set_compute_dtype(self, dtype: torch.dtype) -> 'PiZeroModel':
-        """Run the two Gemma stacks in ``dtype``; keep FP32_MODULE_MARKERS modules in fp32."""
-        self.compute_dtype = dtype
-        for name, param in self.named_parameters():
-            param.data = param.data.to(param_dtype(name, dtype))
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.action_in_proj.weight.device
+        self._time_table = TimeEmbeddingTable(width, config.min_period, config.max_period)
 
     @property
     def _lm(self) -> GemmaStack:
@@ -158,7 +150,7 @@ class PiZeroModel(nn.Module):
         images [B, N, 3, H, W] in [-1, 1]; image_masks [B, N] bool; tokens [B, L] int; token_masks [B, L] bool.
         """
         cfg = self.config
-        self._check_prefix_inputs(images, image_masks, tokens, token_masks)
+        check_prefix_inputs(cfg, images, image_masks, tokens, token_masks)
         image_tokens = self.embed_images(images)                                       # [B, N*P_img, W]
         text_tokens = self._lm.embed(tokens).to(self.compute_dtype)                    # [B, L, W]
         x = torch.cat([image_tokens, text_tokens], dim=1)                              # [B, P, W]
@@ -171,30 +163,10 @@ class PiZeroModel(nn.Module):
         kv = self._lm.prefix_kv(x, cos, sin, additive_mask(allowed, self.compute_dtype))
         return PrefixContext(kv=kv, pad_mask=pad)
 
-    def _check_prefix_inputs(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                             token_masks: torch.Tensor) -> None:
-        cfg = self.config
-        cameras = len(cfg.all_camera_names)
-        height, width = cfg.image_resolution
-        if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
-            raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
-        if tuple(image_masks.shape) != (images.shape[0], cameras):
-            raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
-        # Up to tokenizer_max_length: a prompt bucket (fast_path.fit_to_bucket) drops masked padding only.
-        if tokens.shape != token_masks.shape or not 0 < tokens.shape[1] <= cfg.tokenizer_max_length:
-            raise ValueError(f'tokens and token_masks must be [B, <= {cfg.tokenizer_max_length}], '
-                             f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
-
     # ---- suffix --------------------------------------------------------------------
     def time_embeddings(self, num_steps: int) -> torch.Tensor:
-        """Sinusoidal embeddings of t_k = 1 + k*dt for k < num_steps, then of t = 0 (a clean, trained-RTC
-        prefix token) -> [num_steps + 1, W] fp32, cached per device."""
-        key = (num_steps, str(self.device))
-        if key not in self._time_embeddings:
-            t = torch.tensor(step_times(num_steps) + [0.0], dtype=torch.float32)
-            emb = sincos_time_embedding(t, self.config.expert.width, self.config.min_period, self.config.max_period)
-            self._time_embeddings[key] = emb.to(torch.float32).to(self.device)
-        return self._time_embeddings[key]
+        """[num_steps + 1, W] fp32: every step's time embedding, then t = 0's (layers.TimeEmbeddingTable)."""
+        return self._time_table(num_steps, self.device)
 
     def _suffix_layout(self, context: PrefixContext) -> 'SuffixLayout':
         """Positions (as RoPE tables) and additive masks of the suffix, fixed for a whole chunk.
@@ -273,24 +245,24 @@ class PiZeroModel(nn.Module):
                                  inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
         return self.euler_loop(chunk)
 
+    def workspace_spec(self, context: PrefixContext) -> Tuple[Tuple[torch.Tensor, int], ...]:
+        """The K/V workspace the loop reads: the prefix K/V extended by the suffix (fast_path.py)."""
+        return ((context.kv, context.prefix_len + self.config.suffix_len),)
+
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None, workspace: Optional[torch.Tensor] = None) -> 'ChunkSetup':
+                    rtc: Optional[RTCSettings] = None,
+                    workspace: Optional[Tuple[torch.Tensor, ...]] = None) -> 'ChunkSetup':
         """Everything fixed for one chunk: K/V workspace (prefix copied in, pi0's state token written),
         suffix layout, time terms and the RTC guide.
 
-        ``workspace``: a caller-owned K/V buffer [L, 2, B, K, P + S, D] whose first P positions already hold
-        ``context.kv`` (the static workspace of vla_policy_node/fast_path.py); nothing is allocated or copied
-        then, and the state part is written into it."""
+        ``workspace``: caller-owned buffers as ``workspace_spec`` describes them, whose prefix parts already hold
+        the entry (the static workspace of vla_policy_node/fast_path.py); nothing is allocated or copied then,
+        and the state part is written into them."""
         cfg = self.config
-        num_steps = int(num_steps or cfg.num_inference_steps)
-        if num_steps < 1:
-            raise ValueError(f'num_steps must be >= 1, got {num_steps}')
-        expected = (context.batch_size, cfg.chunk_size, cfg.max_action_dim)
-        if tuple(noise.shape) != expected:
-            raise ValueError(f'noise must be {list(expected)}, got {list(noise.shape)}')
+        num_steps = check_chunk_inputs(cfg, context, noise, num_steps)
         prefix_len = context.prefix_len
         layout = self._suffix_layout(context)
         # The prefix K/V is copied once per chunk into a [P + S] buffer; each step
@@ -299,9 +271,11 @@ class PiZeroModel(nn.Module):
         if workspace is None:
             workspace = context.kv.new_empty(shape)
             workspace[..., :prefix_len, :] = context.kv
-        elif tuple(workspace.shape) != shape or workspace.dtype != context.kv.dtype:
-            raise ValueError(f'workspace must be {list(shape)} {context.kv.dtype}, got {list(workspace.shape)} '
-                             f'{workspace.dtype}')
+        else:
+            (workspace,) = workspace
+            if tuple(workspace.shape) != shape or workspace.dtype != context.kv.dtype:
+                raise ValueError(f'workspace must be {list(shape)} {context.kv.dtype}, got '
+                                 f'{list(workspace.shape)} {workspace.dtype}')
         if layout.state is not None:
             if state is None:
                 raise ValueError('pi0 needs the normalised state')

@@ -3,7 +3,8 @@
 Follows lerobot's pi0 preprocessing: aspect-preserving bilinear resize
 (align_corners=False, no antialias) in [0, 1], centred zero padding, then
 x * 2 - 1, so the padding ends up at -1. A missing camera is an all -1 image
-with its mask off.
+with its mask off. SmolVLA's variant (lerobot policies/common/vla_utils.py
+``resize_with_pad``) pads on the left and top instead and does not clamp.
 """
 from __future__ import annotations
 
@@ -28,19 +29,35 @@ def image_to_unit_tensor(image: np.ndarray, device: torch.device) -> torch.Tenso
     return unit.expand(3, -1, -1) if unit.shape[0] == 1 else unit
 
 
+def _fit(image: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    """[C, H, W] -> bilinear resize (keeping aspect) to fit inside size (h, w): [C, h', w']."""
+    target_h, target_w = size
+    _, height, width = image.shape
+    ratio = max(width / target_w, height / target_h)
+    resized_h, resized_w = int(height / ratio), int(width / ratio)
+    return F.interpolate(image[None], size=(resized_h, resized_w), mode='bilinear', align_corners=False)[0]
+
+
 def resize_with_pad(image: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
     """[C, H, W] in [0, 1] -> [C, h, w]: fit inside (h, w) keeping aspect, pad the rest with 0, centred."""
     target_h, target_w = size
-    _, height, width = image.shape
-    if (height, width) == (target_h, target_w):
+    if tuple(image.shape[1:]) == (target_h, target_w):
         return image
-    ratio = max(width / target_w, height / target_h)
-    resized_h, resized_w = int(height / ratio), int(width / ratio)
-    resized = F.interpolate(image[None], size=(resized_h, resized_w), mode='bilinear', align_corners=False)[0]
-    resized = resized.clamp(0.0, 1.0)
+    resized = _fit(image, size).clamp(0.0, 1.0)
+    resized_h, resized_w = resized.shape[1:]
     top = (target_h - resized_h) // 2
     left = (target_w - resized_w) // 2
     return F.pad(resized, (left, target_w - resized_w - left, top, target_h - resized_h - top), value=0.0)
+
+
+def resize_with_pad_left_top(image: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    """SmolVLA's: fit inside (h, w) keeping aspect (no clamp), zero padding on the left and top only."""
+    target_h, target_w = size
+    if tuple(image.shape[1:]) == (target_h, target_w):
+        return image
+    resized = _fit(image, size)
+    resized_h, resized_w = resized.shape[1:]
+    return F.pad(resized, (max(0, target_w - resized_w), 0, max(0, target_h - resized_h), 0), value=0.0)
 
 
 def to_model_range(unit: torch.Tensor) -> torch.Tensor:

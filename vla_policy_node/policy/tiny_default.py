@@ -17,10 +17,8 @@ import torch
 from torch import nn
 
 from .checkpoint import save_checkpoint
-from .config import preset
-from .families import family_class
+from .families import family_class, known_types
 from .layers import fuse_projections
-from .tiny_tokenizer import build_test_tokenizer
 
 DEFAULT_SEED = 0
 # Joint-space statistics of a plausible 6-joint arm (radians): actions stay within ~±1 rad.
@@ -52,8 +50,9 @@ def statistics(dim: int, std: float) -> dict:
 def write_random_checkpoint(folder: Path, config, seed: int = DEFAULT_SEED) -> Path:
     """A lerobot pretrained_model/ folder with seeded random weights and a small trained tokenizer."""
     model = random_model(config, seed)
+    family = family_class(config.policy_type)
     with tempfile.TemporaryDirectory() as scratch:
-        tokenizer_file = build_test_tokenizer(Path(scratch), vocab_size=min(config.vocab_size, 512))
+        tokenizer_file = family.build_test_tokenizer(Path(scratch), min(config.vocab_size, 512))
         return save_checkpoint(Path(folder), model, statistics(config.state_dim, STATE_STD),
                                statistics(config.action_dim, ACTION_STD), tokenizer_file=tokenizer_file)
 
@@ -67,7 +66,7 @@ def write_tiny_default(folder: Path, policy_type: str = 'pi0', seed: int = DEFAU
                        relative_actions: bool = False) -> Path:
     """The tiny checkpoint; ``relative_actions``: trained on offsets from the state, gripper absolute."""
     overrides = dict(use_relative_actions=True, action_feature_names=TINY_ACTION_NAMES) if relative_actions else {}
-    return write_random_checkpoint(folder, preset('tiny', policy_type=policy_type, **overrides), seed)
+    return write_random_checkpoint(folder, family_class(policy_type).tiny_config(**overrides), seed)
 
 
 def builtin_tiny_checkpoint() -> Path:
@@ -90,7 +89,7 @@ def builtin_tiny_checkpoint() -> Path:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description='Write the tiny random-weight checkpoint (lerobot layout).')
     parser.add_argument('output', type=Path, help='folder to create (pretrained_model layout)')
-    parser.add_argument('--type', choices=('pi0', 'pi05'), default='pi0')
+    parser.add_argument('--type', choices=known_types(), default='pi0')
     parser.add_argument('--seed', type=int, default=DEFAULT_SEED)
     parser.add_argument('--relative-actions', action='store_true',
                         help='use_relative_actions: actions are offsets from the state (gripper absolute)')

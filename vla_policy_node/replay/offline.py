@@ -211,7 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     summary = result.summary
     print(f"ticks {summary['ticks']}, published {summary['published']}, skipped {summary['skipped_total']} "
-          f"{summary['skipped']}, cache hits {summary['cache']['hits']} / misses {summary['cache']['misses']}")
+          f"{summary['skipped']}, cache hits {summary['cache']['hits']} / misses {summary['cache']['misses']} "
+          f"(one entry {summary['cache']['entry_bytes']} bytes)")
     total = summary['latency_ms'].get('total')
     if total:
         print(f"latency p50 {total['p50']:.1f} ms, p95 {total['p95']:.1f} ms, max {total['max']:.1f} ms")

@@ -126,6 +126,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'cache': {'hits': stats.cache_hits, 'misses': stats.cache_misses,
                   'hit_rate': stats.cache_hits / stats.chunks if stats.chunks else 0.0,
                   'entries': cache.entries, 'bytes': cache.bytes, 'evictions': cache.evictions,
+                  'entry_bytes': runtime.describe()['cache_entry_bytes'],
                   'rejected_oversize': cache.rejected_oversize},
         'latency_ms': stats.latency_summary(),
         'latency_clock': stats.snapshot().timings_clock,   # 'cuda_events' (GPU-true) or 'host'

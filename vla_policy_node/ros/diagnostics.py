@@ -47,7 +47,8 @@ class PolicyReport:
             self.hardware_id = str(runtime.device)
             self.info.update(policy_type=runtime.config.policy_type, device=str(runtime.device),
                              dtype=str(runtime.dtype).replace('torch.', ''), model_revision=runtime.model_revision,
-                             prefix_entry_bytes=runtime.prefix_bytes())
+                             prefix_entry_bytes=runtime.prefix_bytes(),
+                             cache_entry_bytes=runtime.describe()['cache_entry_bytes'])
             self.cache = runtime.cache.stats()
         return self
 

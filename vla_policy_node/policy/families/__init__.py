@@ -18,6 +18,7 @@ from ..family import PolicyFamily
 FAMILIES: Dict[str, str] = {
     'pi0': 'vla_policy_node.policy.families.pi0:Pi0Family',
     'pi05': 'vla_policy_node.policy.families.pi05:Pi05Family',
+    'smolvla': 'vla_policy_node.policy.families.smolvla:SmolVLAFamily',
 }
 _LOADED: Dict[str, Type[PolicyFamily]] = {}
 

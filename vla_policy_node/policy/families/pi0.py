@@ -17,16 +17,15 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ...cache.context import PrefixContext
 from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                           normalizer_step, relative_step, write_folder)
-from ..config import PaliGemmaTraits, PolicyConfig
+from ..config import PaliGemmaTraits, PolicyConfig, preset
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..pi0 import PiZeroModel, param_dtype
 from ..preprocess import resize_with_pad, to_model_range
-from ..rtc import RTCSettings
-from ..tokenizer import PromptTokenizer, TokenizerError
+from ..tiny_tokenizer import build_test_tokenizer
+from ..tokenizer import PromptTokenizer
 
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
 LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
@@ -52,6 +51,8 @@ class Pi0Family(PolicyFamily):
                                                    known_unused=lambda key: key in LM_HEAD_KEYS,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
     model_class: ClassVar[Any] = PiZeroModel
+    tokenizer_hint: ClassVar[str] = ('the PaliGemma tokenizer.model (see README "Getting a real checkpoint")')
+    tokenizer_class: ClassVar[Any] = PromptTokenizer
     model: PiZeroModel
 
     # ---- loading ---------------------------------------------------------------------------------
@@ -68,24 +69,15 @@ class Pi0Family(PolicyFamily):
             raise CheckpointError(str(exc)) from exc
         return load_parts(folder, config, cls.model_class, device, dtype, cls.weight_keys)
 
-    @classmethod
-    def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
-             tokenizer_path: Optional[Path] = None, **options: Any) -> 'Pi0Family':
-        from ..checkpoint import read_config_json
-        options = cls.checked_options(options)     # refuse another family's option before loading anything
-        loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype)
-        tokenizer_file = tokenizer_path or loaded.tokenizer_path
-        if tokenizer_file is None:
-            raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at the PaliGemma '
-                                 'tokenizer.model (see README "Getting a real checkpoint")')
-        tokenizer = PromptTokenizer.from_path(tokenizer_file)
-        if tokenizer.vocab_size > loaded.config.vocab_size:
-            raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
-                                 f'model embedding ({loaded.config.vocab_size})')
-        return cls(loaded.config, loaded.model, loaded.state_normalizer, loaded.action_normalizer, tokenizer,
-                   loaded.weights_path, **options)
-
     # ---- saving (the tiny default and tests write lerobot folders) ----------------------------------
+    @classmethod
+    def tiny_config(cls, **overrides: Any) -> PolicyConfig:
+        return preset('tiny', policy_type=cls.type_name, **overrides)
+
+    @classmethod
+    def build_test_tokenizer(cls, folder: Path, vocab_size: int) -> Path:
+        return build_test_tokenizer(folder, vocab_size=vocab_size)
+
     @classmethod
     def preprocessor_steps(cls, config: PolicyConfig) -> List[Dict[str, Any]]:
         """lerobot processor_pi0's step order: new line, tokenizer, device, relative actions, normalizer."""
@@ -110,17 +102,6 @@ class Pi0Family(PolicyFamily):
 
     def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
         return to_model_range(resize_with_pad(unit, self.config.image_resolution))
-
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        return self.model.fill_prefix(images, image_masks, tokens, token_masks)
-
-    def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
-                prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
-                execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        chunk = self.model.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                                       inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        return self.model.euler_loop(chunk)
 
 
 def tokenizer_step(config: PolicyConfig) -> Dict[str, Any]:
