@@ -362,3 +362,23 @@ def test_the_cuda_timer_sums_event_intervals_per_stage(monkeypatch):
     ms = timer.ms
     assert timer.clock == 'cuda_events'
     assert ms == {'hash': 1.5, 'preprocess': 0.0, 'prefix': 0.0, 'denoise': 3.0}
+
+
+def test_diagnostics_label_the_clock_and_show_the_fast_path(tiny_checkpoint):  # noqa: F811
+    pytest.importorskip('diagnostic_msgs')
+    from vla_policy_node.ros.diagnostics import PolicyReport, diagnostics_msg
+    from vla_policy_node.tick import TickStats
+    runtime = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32', static_workspace=True)
+    stats = TickStats()
+
+    class Outcome:
+        skip = plan = handover = None
+        chunk = runtime.infer(make_observation(), seed=0)
+        delay = 0
+
+    stats.record(Outcome())
+    report = PolicyReport(name='policy', lifecycle='active', configure_error='', new_skips=0,
+                          stats=stats.snapshot()).with_runtime(runtime)
+    values = {pair.key: pair.value for pair in diagnostics_msg(0, report).status[0].values}
+    assert values['latency_clock'] == 'host'
+    assert values['cuda_graphs_mode'] == 'off' and values['workspace_copies'] == '1'

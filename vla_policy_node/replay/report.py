@@ -130,6 +130,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
                   'rejected_oversize': cache.rejected_oversize},
         'latency_ms': stats.latency_summary(),
         'latency_clock': stats.snapshot().timings_clock,   # 'cuda_events' (GPU-true) or 'host'
+        'fast_path': runtime.fast_path_summary() if hasattr(runtime, 'fast_path_summary') else {},
         'simulated_latency_ms': latency_ms,
         'chunking': values['chunking'],
         'chunks_continued': sum(1 for r in result.records if r.continued),

@@ -49,6 +49,9 @@ class PolicyReport:
                              dtype=str(runtime.dtype).replace('torch.', ''), model_revision=runtime.model_revision,
                              prefix_entry_bytes=runtime.prefix_bytes(),
                              cache_entry_bytes=runtime.describe()['cache_entry_bytes'])
+            fast_path = getattr(runtime, 'fast_path_summary', None)     # cuda_graphs mode, graphs, copies
+            if fast_path is not None:
+                self.info.update(fast_path())
             self.cache = runtime.cache.stats()
         return self
 
