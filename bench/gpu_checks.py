@@ -144,19 +144,12 @@ def percentiles(values: List[float]) -> Dict[str, float]:
 def latency(runtime: PolicyRuntime, runs: int, warmup: int) -> Dict[str, Dict[str, Dict[str, float]]]:
     """Per stage p50/p95 (the chunk's own timings: CUDA events on CUDA), miss and hit."""
     from bench_runtime import camera_frames, INSTRUCTION   # bench/ is on sys.path
-    from vla_policy_node.images import RawImage
     cfg = runtime.config
-    frames = camera_frames(cfg.camera_names, seed=1)
     state = np.zeros(cfg.state_dim)
     samples: Dict[str, List[Dict[str, float]]] = {'miss': [], 'hit': []}
     for i in range(warmup + runs):
-        name = cfg.camera_names[0]
-        data = bytearray(frames[name].data)
-        data[0] = (i * 7 + 1) % 256
-        miss_frames = dict(frames)
-        miss_frames[name] = RawImage(frames[name].height, frames[name].width, 'rgb8', frames[name].step, False,
-                                     bytes(data))
-        obs = Observation(miss_frames, state, INSTRUCTION)
+        # New 640x480 frames each run: a miss, then the same observation again: a hit.
+        obs = Observation(camera_frames(cfg.camera_names, seed=100 + i), state, INSTRUCTION)
         miss = runtime.infer(obs, seed=0)
         hit = runtime.infer(obs, seed=0)
         if i >= warmup:
