@@ -158,6 +158,15 @@ def expert_hidden_per_layer(model: PiZeroModel, context, state, noise) -> List[t
     return outputs[-depth:]     # pi0: the state token's pass comes first
 
 
+def fixed_stages(model: PiZeroModel, state: torch.Tensor, steps: int) -> Dict[str, torch.Tensor]:
+    """The stages outside the two Gemma stacks: time terms (pi0: the time half of the action-time MLP; pi0.5:
+    the adaptive-norm condition) and pi0's state projection, as the loop uses them."""
+    stages = {'time terms': model._time_terms(steps).float().clone()}
+    if hasattr(model, 'state_proj'):
+        stages['state projection'] = model.state_proj(state.float()).float().clone()
+    return stages
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--type', default='pi0', choices=('pi0', 'pi05'))
@@ -195,7 +204,12 @@ def main(argv=None) -> int:
                 recipe32: List[Tuple[torch.Tensor, ...]] = []
                 if recipe:
                     parity.ref_sample_actions(model, *prefix_inputs, state, noise, 1, record=recipe32)
+            fp32_stages = fixed_stages(model, state, args.steps)
             model.set_compute_dtype(torch.bfloat16)
+            bf16_stages = fixed_stages(model, state, args.steps)
+            print(f'  seed {seed}: stages kept in fp32 under bf16, max |bf16 - fp32| (both recipes alike): '
+                  + ', '.join(f'{name} {error(bf16_stages[name], fp32_stages[name])[0]:.1e}' for name in fp32_stages)
+                  + '; the Euler update x + dt v runs in fp32')
             results = {}
             for name, patches in VARIANTS.items():
                 with patched(**patches):
