@@ -4,7 +4,7 @@
     python bench/gpu_checks.py --quick                # fewer runs, no full-size presets
     python bench/gpu_checks.py --device cpu --quick   # the CPU-runnable parts (static workspace, no graphs)
 
-Correctness, on the tiny pi0 / pi0.5 checkpoints in fp32 and bf16 (exit status 1 when one fails):
+Correctness, on the tiny pi0 / pi0.5 / SmolVLA checkpoints in fp32 and bf16 (exit status 1 when one fails):
 - graph vs eager: max |actions| difference between cuda_graphs on and off, plain and with RTC;
 - hit == miss (bit for bit) through the graphs, plain and with RTC;
 - the stored prefix untouched after 100 chunks replayed against it;
@@ -13,7 +13,8 @@ Correctness, on the tiny pi0 / pi0.5 checkpoints in fp32 and bf16 (exit status 1
 - prompt buckets: max difference of a bucketed prompt against the unpadded one (reported).
 Figures (printed, never asserted):
 - p50/p95 latency table (CUDA events: ActionChunk.timings_ms with timings_clock 'cuda_events'), miss and hit,
-  eager and graph, for tiny, pi0 and pi0.5 (random weights, full size) at 3 cameras and 10 steps; issue 17
+  eager and graph, for tiny, pi0 and pi0.5 (random weights, full size) at 3 cameras and SmolVLA (its preset's
+  2 cameras), 10 steps; issue 17
   targets on an H200 in bf16 for pi0: hit <= 8 ms, miss <= 25 ms;
 - the denoise's achieved GB/s (expert weights + K/V read per step) and its ratio to the H200 floor
   (1.3 ms for pi0, ../shared/reference/gpu-fast-path.md);
@@ -79,7 +80,7 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def correctness(checks: Checks, device: str, scratch: Path) -> None:
-    for policy_type in ('pi0', 'pi05'):
+    for policy_type in ('pi0', 'pi05', 'smolvla'):
         folder = write_tiny_default(scratch / policy_type, policy_type)
         errors: Dict[str, Dict[str, float]] = {}
         for dtype in ('float32', 'bfloat16'):
@@ -169,17 +170,14 @@ def denoise_bytes(runtime: PolicyRuntime, num_steps: int) -> int:
 
 def latency_table(checks: Checks, device: str, presets: List[str], runs: int, warmup: int) -> None:
     from bench_runtime import random_runtime
-    from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer
-    from vla_policy_node.policy.tokenizer import PromptTokenizer
     torch_device = torch.device(device)
     dtype = torch.bfloat16 if device == 'cuda' else torch.float32
     print(f'\nlatency, {dtype}, 3 cameras, 10 steps, {runs} runs after {warmup} (ms, p50 / p95; clock: '
           f'{"CUDA events" if device == "cuda" else "host"}):')
     print(f"  {'preset':8} {'path':6} {'miss total':>16} {'miss prefix':>16} {'hit total':>16} {'hit denoise':>16}")
     with tempfile.TemporaryDirectory() as scratch:
-        tokenizer = PromptTokenizer.from_path(build_test_tokenizer(Path(scratch)))
         for name in presets:
-            base = random_runtime(name, torch_device, dtype, tokenizer, 2)
+            base = random_runtime(name, torch_device, dtype, Path(scratch), 2)
             fast_path = 'graph' if device == 'cuda' else 'static'
             for path, options in (('eager', {}), (fast_path, fast_options(device))):
                 runtime = PolicyRuntime(base.policy, base.model_revision, **options)
@@ -231,7 +229,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--device', default='cuda', choices=('cuda', 'cpu'))
     parser.add_argument('--quick', action='store_true', help='tiny only in the latency table, fewer runs')
-    parser.add_argument('--presets', default='', help='latency presets (default: tiny,pi0,pi05; --quick: tiny)')
+    parser.add_argument('--presets', default='', help='latency presets (default: tiny,pi0,pi05,smolvla; '
+                        '--quick: tiny)')
     parser.add_argument('--runs', type=int, default=0)
     parser.add_argument('--json', type=Path)
     args = parser.parse_args(argv)
@@ -246,7 +245,7 @@ def main(argv=None) -> int:
           + (f' ({torch.cuda.get_device_name()})' if args.device == 'cuda' else ''))
     with tempfile.TemporaryDirectory() as scratch:
         correctness(checks, args.device, Path(scratch))
-    presets = [p for p in (args.presets or ('tiny' if args.quick else 'tiny,pi0,pi05')).split(',') if p]
+    presets = [p for p in (args.presets or ('tiny' if args.quick else 'tiny,pi0,pi05,smolvla')).split(',') if p]
     runs = args.runs or (5 if args.quick else 30)
     latency_table(checks, args.device, presets, runs, warmup=2 if args.quick else 5)
     print(f'\n{len(checks.failures)} check(s) failed: {checks.failures}' if checks.failures else '\nall checks passed')
