@@ -49,7 +49,7 @@ for _path in (ROOT, ROOT / 'test'):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from smolvla_fixtures import write_tiny_smolvla  # noqa: E402
+from smolvla_fixtures import PARITY_VARIANTS, write_tiny_smolvla  # noqa: E402
 from lerobot_smolvla_reference import LerobotSmolVLAReference  # noqa: E402
 
 REAL_CONFIG = dict(chunk_size=50, n_action_steps=50, resize_imgs_with_padding=[512, 512], empty_cameras=0,
@@ -132,10 +132,22 @@ class Lerobot:
         obs['observation.state'] = np.asarray(state, dtype=np.float32).copy()
         return self.pre(prepare_observation_for_inference(obs, torch.device('cpu'), task))
 
+    def set_rtc(self, rtc) -> None:
+        """rtc: None, or an RTCConfig as a dict (prefix_attention_schedule, max_guidance_weight, ...)."""
+        from lerobot.policies.rtc.configuration_rtc import RTCConfig
+        from lerobot.configs.types import RTCAttentionSchedule
+        self.policy.config.rtc_config = None if rtc is None else RTCConfig(
+            enabled=True, prefix_attention_schedule=RTCAttentionSchedule(rtc['prefix_attention_schedule']),
+            max_guidance_weight=rtc['max_guidance_weight'], execution_horizon=rtc['execution_horizon'])
+        self.policy.init_rtc_processor()
+
     @torch.no_grad()
-    def actions(self, frames, state, task, noise) -> np.ndarray:
+    def actions(self, frames, state, task, noise, **rtc_kwargs) -> np.ndarray:
         self.policy.reset()
-        out = self.policy.predict_action_chunk(self.batch(frames, state, task), noise=torch.from_numpy(noise)[None])
+        if rtc_kwargs.get('prev_chunk_left_over') is not None:
+            rtc_kwargs['prev_chunk_left_over'] = torch.from_numpy(rtc_kwargs['prev_chunk_left_over'])[None]
+        out = self.policy.predict_action_chunk(self.batch(frames, state, task), noise=torch.from_numpy(noise)[None],
+                                               **rtc_kwargs)
         return self.post(out)[0].float().numpy()
 
     def model_inputs(self, frames, state, task):
@@ -211,6 +223,35 @@ def part_a(work: Path) -> Dict[str, List[np.ndarray]]:
     return out
 
 
+def part_v(work: Path) -> None:
+    print('\n(v) the test reference vs lerobot on every parity-test checkpoint variant (max abs diff)')
+    cases = [(frames_of(1, {'top': (24, 40), 'wrist': (48, 30)}), 'pick up the red cube'),
+             (frames_of(2, {'top': (24, 40)}), LONG)]
+    for i, (name, overrides) in enumerate(PARITY_VARIANTS.items()):
+        checkpoint = write_tiny_smolvla(work / f'variant_{name}', seed=i, **overrides)
+        folder = lerobot_folder(checkpoint, work / f'variant_{name}_lerobot')
+        pairs = ((Lerobot(folder, fp32=True), LerobotSmolVLAReference(checkpoint)),
+                 (Lerobot(folder, fp32=False), LerobotSmolVLAReference(checkpoint, recipe='bfloat16')))
+        chunk = pairs[1][1].raw['chunk_size']
+        diffs = [[maxdiff(lr.actions(f, state_of(j), t, noise_of(j, chunk)),
+                          ref.actions(f, state_of(j), t, noise_of(j, chunk))) for j, (f, t) in enumerate(cases)]
+                 for lr, ref in pairs]
+        print(f'  {name} {overrides}: fp32 {max(diffs[0]):.3g}, bf16 recipe {max(diffs[1]):.3g}')
+        if name != 'default':
+            continue
+        lerobot, reference = pairs[0]
+        leftover = np.random.default_rng(7).normal(0, 1, (5, 6)).astype(np.float32)
+        for schedule in ('LINEAR', 'EXP', 'ONES', 'ZEROS'):
+            rtc = {'prefix_attention_schedule': schedule, 'max_guidance_weight': 5.0, 'execution_horizon': 6}
+            lerobot.set_rtc(rtc)
+            kwargs = dict(prev_chunk_left_over=leftover, inference_delay=2)
+            frames, task = cases[0]
+            theirs = lerobot.actions(frames, state_of(0), task, noise_of(0, 8), **dict(kwargs))
+            ref = reference.actions(frames, state_of(0), task, noise_of(0, 8), rtc=rtc, **kwargs)
+            print(f'    guided RTC {schedule} (delay 2, horizon 6, leftover 5): fp32 {maxdiff(theirs, ref):.3g}')
+        lerobot.set_rtc(None)
+
+
 def bf16_report(label: str, checkpoint: Path, lerobot_dir: Path, inputs, lerobot_fp32, ours_fp32) -> None:
     lerobot = Lerobot(lerobot_dir, fp32=False)
     print(f'  lerobot as built ({label}): {lerobot.dtypes()}')
@@ -229,7 +270,7 @@ def bf16_report(label: str, checkpoint: Path, lerobot_dir: Path, inputs, lerobot
     print(f'  {label}: ours bf16 vs lerobot fp32:            max {max(us_lr):.3g} mean {np.mean(us_lr):.3g}')
 
 
-def part_b(work: Path, repeats: int, threads: int, with_bf16: bool) -> None:
+def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_reference: bool) -> None:
     print(f'\n(b) real SmolVLA shape, random weights, 2 cameras 640x480, fp32, {threads} thread(s), '
           f'median of {repeats} after 1 warm-up')
     start = time.perf_counter()
@@ -242,15 +283,16 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool) -> None:
     runtime = ours(checkpoint, 'float32')
     noise = noise_of(0, 50)
     base = frames_of(0, shapes)
-    inputs = [(base, state_of(0), task, noise), (frames_of(1, shapes), state_of(1), task, noise)]
+    inputs = [(base, state_of(0), task, noise)]
     lerobot_fp32 = [lerobot.actions(*args) for args in inputs]
     ours_fp32 = [our_actions(runtime, *args) for args in inputs]
     diffs = ', '.join(f'{maxdiff(a, b):.3g}' for a, b in zip(lerobot_fp32, ours_fp32))
     print(f'  actions, lerobot vs ours (fp32): {diffs}')
-    t0 = time.perf_counter()
-    reference = LerobotSmolVLAReference(checkpoint).actions(*inputs[0])
-    print(f'  actions, lerobot vs the test reference (fp32): {maxdiff(lerobot_fp32[0], reference):.3g} '
-          f'(reference took {time.perf_counter() - t0:.1f} s)')
+    if with_reference:
+        t0 = time.perf_counter()
+        reference = LerobotSmolVLAReference(checkpoint).actions(*inputs[0])
+        print(f'  actions, lerobot vs the test reference (fp32): {maxdiff(lerobot_fp32[0], reference):.3g} '
+              f'(reference took {time.perf_counter() - t0:.1f} s)')
     model_inputs = lerobot.model_inputs(base, state_of(0), task)
     from vla_policy_node.observation import Observation
     theirs_t, miss_t, hit_t = [], [], []
@@ -289,9 +331,13 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--parts', default='abc', help='any of a, b, c (c runs on the tiny and, with b, real shape)')
+    parser.add_argument('--parts', default='abc',
+                        help='any of a, b, c, v (c: tiny and, with b, real shape; v: the reference on every '
+                             'test variant)')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--with-reference', action='store_true',
+                        help='(b) also run the test reference on the real shape (about as long as a miss)')
     parser.add_argument('--work', type=Path, default=None, help='scratch folder (default: a temporary one)')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -309,8 +355,10 @@ def main() -> int:
                 print('\n(c, tiny) bf16 error against fp32')
                 bf16_report('tiny', tiny['checkpoint'], tiny['lerobot_folder'], tiny['inputs'], tiny['lerobot'],
                             tiny['ours'])
+        if 'v' in args.parts:
+            part_v(work)
         if 'b' in args.parts:
-            part_b(work, args.repeats, args.threads, with_bf16='c' in args.parts)
+            part_b(work, args.repeats, args.threads, with_bf16='c' in args.parts, with_reference=args.with_reference)
     finally:
         if scratch:
             scratch.cleanup()

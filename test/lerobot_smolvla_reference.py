@@ -18,7 +18,8 @@ layer mapping, ``forward_attn_layer``, ``forward_cross_attn_layer``, ``eager_att
 ``src/lerobot/policies/common/vla_utils.py`` (``resize_with_pad``, ``make_att_2d_masks``,
 ``create_sinusoidal_pos_embedding``, ``pad_vector``), ``src/lerobot/policies/common/flow_matching.py``
 (``euler_integrate``), ``src/lerobot/processor/{newline_task_processor,tokenizer_processor,normalize_processor}.py``,
-``src/lerobot/policies/utils.py`` (``prepare_observation_for_inference``). The backbone modules lerobot takes
+``src/lerobot/policies/utils.py`` (``prepare_observation_for_inference``), ``src/lerobot/policies/rtc/modeling_rtc.py``
+(``RTCProcessor.denoise_step``, ``get_prefix_weights``: guided real-time chunking). The backbone modules lerobot takes
 from transformers (5.x): ``models/smolvlm/modeling_smolvlm.py`` (``SmolVLMVisionEmbeddings`` with its bucketised
 position ids, ``SmolVLMEncoderLayer``, ``SmolVLMConnector.pixel_shuffle``) and ``models/llama/modeling_llama.py``
 (``LlamaRMSNorm``: ``w * x.to(input_dtype)``, ``LlamaMLP``).
@@ -113,6 +114,62 @@ def linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.T
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate='tanh')   # transformers' gelu_pytorch_tanh
+
+
+def rtc_prefix_weights(schedule: str, start: int, end: int, total: int) -> torch.Tensor:
+    """RTCProcessor.get_prefix_weights (+ _linweights, _add_trailing_zeros, _add_leading_ones)."""
+    start = min(start, end)
+    schedule = schedule.upper()
+    if schedule == 'ZEROS':
+        weights = torch.zeros(total)
+        weights[:start] = 1.0
+        return weights
+    if schedule == 'ONES':
+        weights = torch.ones(total)
+        weights[end:] = 0.0
+        return weights
+    steps = total - max(total - end, 0) - start
+    lin = torch.tensor([]) if end <= start or steps <= 0 else torch.linspace(1, 0, steps + 2)[1:-1]
+    if schedule == 'EXP':
+        lin = lin * torch.expm1(lin).div(math.e - 1)
+    if total - end > 0:
+        lin = torch.cat([lin, torch.zeros(total - end)])
+    if min(start, total) > 0:
+        lin = torch.cat([torch.ones(min(start, total)), lin])
+    return lin
+
+
+def rtc_denoise_step(rtc: Mapping, x_t, prev_chunk_left_over, inference_delay, time, denoise, execution_horizon):
+    """RTCProcessor.denoise_step (guided mode), autograd and all, as lerobot runs it."""
+    tau = 1 - time
+    if prev_chunk_left_over is None:
+        return denoise(x_t)
+    x_t = x_t.clone().detach()
+    if prev_chunk_left_over.dim() < 3:
+        prev_chunk_left_over = prev_chunk_left_over.unsqueeze(0)
+    if execution_horizon is None:
+        execution_horizon = rtc.get('execution_horizon', 10)
+    execution_horizon = min(execution_horizon, prev_chunk_left_over.shape[1])
+    bsz, chunk, dim = x_t.shape
+    if prev_chunk_left_over.shape[1] < chunk or prev_chunk_left_over.shape[2] < dim:
+        padded = torch.zeros(bsz, chunk, dim)
+        padded[:, :prev_chunk_left_over.shape[1], :prev_chunk_left_over.shape[2]] = prev_chunk_left_over
+        prev_chunk_left_over = padded
+    weights = rtc_prefix_weights(rtc.get('prefix_attention_schedule', 'LINEAR'), inference_delay,
+                                 execution_horizon, chunk).unsqueeze(0).unsqueeze(-1)
+    with torch.enable_grad():
+        v_t = denoise(x_t)
+        x_t.requires_grad_(True)
+        x1_t = x_t - time * v_t
+        err = (prev_chunk_left_over - x1_t) * weights
+        correction = torch.autograd.grad(x1_t, x_t, err.clone().detach(), retain_graph=False)[0]
+    max_guidance_weight = torch.as_tensor(rtc.get('max_guidance_weight', 10.0))
+    tau_tensor = torch.as_tensor(tau)
+    squared_one_minus_tau = (1 - tau_tensor) ** 2
+    inv_r2 = (squared_one_minus_tau + tau_tensor ** 2) / squared_one_minus_tau
+    c = torch.nan_to_num((1 - tau_tensor) / tau_tensor, posinf=max_guidance_weight)
+    guidance_weight = torch.minimum(torch.nan_to_num(c * inv_r2, posinf=max_guidance_weight), max_guidance_weight)
+    return v_t - guidance_weight * correction
 
 
 # ---- the reference ----------------------------------------------------------------------------------------
@@ -409,7 +466,11 @@ class LerobotSmolVLAReference:
         out = out[:, -self.raw['chunk_size']:].to(dtype=torch.float32)
         return linear(out, self.w, 'model.action_out_proj')
 
-    def sample_actions(self, images, img_masks, lang_tokens, lang_masks, state, noise) -> torch.Tensor:
+    def sample_actions(self, images, img_masks, lang_tokens, lang_masks, state, noise,
+                       rtc: Optional[Mapping] = None, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                       inference_delay: int = 0, execution_horizon: Optional[int] = None) -> torch.Tensor:
+        """sample_actions + euler_integrate; ``rtc`` (an RTCConfig as a dict: prefix_attention_schedule,
+        max_guidance_weight, execution_horizon) turns on RTCProcessor.denoise_step guidance."""
         embs, pad_masks, att_masks = self.embed_prefix(images, img_masks, lang_tokens, lang_masks, state)
         cache = self.prefill(embs, pad_masks, att_masks)
         num_steps = self.raw['num_steps']
@@ -417,20 +478,35 @@ class LerobotSmolVLAReference:
         x_t = noise
         for step in range(num_steps):
             time = 1.0 + step * dt
-            v_t = self.denoise_step(cache, pad_masks, x_t, torch.tensor(time, dtype=torch.float32).expand(x_t.shape[0]))
+            time_tensor = torch.tensor(time, dtype=torch.float32).expand(x_t.shape[0])
+
+            def denoise(input_x_t, current_timestep=time_tensor):
+                return self.denoise_step(cache, pad_masks, input_x_t, current_timestep)
+
+            if rtc is not None:
+                v_t = rtc_denoise_step(rtc, x_t, prev_chunk_left_over, inference_delay, time, denoise,
+                                       execution_horizon)
+            else:
+                v_t = denoise(x_t)
             x_t = x_t + dt * v_t
         return x_t
 
     # ---- the whole pipeline -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def actions(self, frames: Mapping[str, np.ndarray], state: np.ndarray, task: str,
-                noise: np.ndarray) -> np.ndarray:
-        """[chunk_size, action_dim] float32 actions, as lerobot's pipeline returns them."""
+    def actions(self, frames: Mapping[str, np.ndarray], state: np.ndarray, task: str, noise: np.ndarray,
+                rtc: Optional[Mapping] = None, prev_chunk_left_over: Optional[np.ndarray] = None,
+                inference_delay: int = 0, execution_horizon: Optional[int] = None) -> np.ndarray:
+        """[chunk_size, action_dim] float32 actions, as lerobot's pipeline returns them (predict_action_chunk
+        with the RTC kwargs when ``rtc`` is given; the leftover is normalised, [T, A] as lerobot takes it)."""
         raw_state = torch.from_numpy(np.asarray(state, dtype=np.float32))[None]
         normalized = self.normalize_state(raw_state)
         tokens, token_masks = self.tokens(task)
         images, image_masks = self.images(frames)
         padded_state = F.pad(normalized, (0, self.raw['max_state_dim'] - normalized.shape[1]))
         noise_t = torch.from_numpy(np.asarray(noise, dtype=np.float32)).reshape(1, *noise.shape[-2:])
-        out = self.sample_actions(images, image_masks, tokens, token_masks, padded_state, noise_t)
+        leftover = None if prev_chunk_left_over is None else torch.as_tensor(
+            np.asarray(prev_chunk_left_over, dtype=np.float32))
+        out = self.sample_actions(images, image_masks, tokens, token_masks, padded_state, noise_t, rtc=rtc,
+                                  prev_chunk_left_over=leftover, inference_delay=inference_delay,
+                                  execution_horizon=execution_horizon)
         return self.unnormalize_actions(out[:, :, :self.action_dim])[0].numpy()

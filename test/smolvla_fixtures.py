@@ -129,6 +129,19 @@ TINY_VLM_CONFIG = {
 }
 
 
+# config.json variants the parity tests (and bench/compare_lerobot_smolvla.py --parts v) run.
+PARITY_VARIANTS = {
+    'default': {},                                                      # 2 cameras + 1 empty, 'longest'
+    'max_length': {'pad_language_to': 'max_length'},
+    'every3_width05': {'self_attn_every_n_layers': 3, 'expert_width_multiplier': 0.5, 'empty_cameras': 0,
+                       'num_steps': 4},
+    'all_cross': {'self_attn_every_n_layers': 0},                      # every expert layer cross-attends
+    'self_attn_mode': {'attention_mode': 'self_attn'},                 # no cross-attention layer at all
+    'padded_prefix': {'prefix_length': 64, 'tokenizer_max_length': 10, 'empty_cameras': 2, 'num_steps': 3,
+                      'chunk_size': 5, 'n_action_steps': 5},            # prefix padded to 64, prompts cut to 10
+}
+
+
 # ---- tokenizer --------------------------------------------------------------------------------------------
 def build_smolvlm_tokenizer(folder: Path, vocab_size: int = 400) -> Path:
     """``folder/tokenizer.json`` (+ tokenizer_config.json, special_tokens_map.json) as save_pretrained writes.
