@@ -160,12 +160,17 @@ def latency(runtime: PolicyRuntime, runs: int, warmup: int) -> Dict[str, Dict[st
             for kind, runs_ in samples.items()}
 
 
+# Parameters the Euler loop reads every step (pi0/pi0.5: gemma_expert; SmolVLA: lm_expert), by name.
+DENOISE_PARAMETERS = ('gemma_expert', 'lm_expert', 'action_in_proj', 'action_out_proj', 'action_time_mlp',
+                      'time_mlp')
+
+
 def denoise_bytes(runtime: PolicyRuntime, num_steps: int) -> int:
-    """Bytes one denoise must read: every expert parameter and the prefix K/V, once per step (the floor)."""
-    expert = runtime.model.paligemma_with_expert.gemma_expert
-    weights = sum(p.numel() * p.element_size() for p in expert.parameters())
-    kv = runtime.prefix_bytes()
-    return num_steps * (weights + kv)
+    """Bytes one denoise must read: the expert's and the action projections' parameters and the prefix K/V,
+    once per step (the floor)."""
+    weights = sum(p.numel() * p.element_size() for name, p in runtime.model.named_parameters()
+                  if any(part in name for part in DENOISE_PARAMETERS))
+    return num_steps * (weights + runtime.prefix_bytes())
 
 
 def latency_table(checks: Checks, device: str, presets: List[str], runs: int, warmup: int) -> None:
