@@ -311,40 +311,70 @@ class GraphCapturer:
         return CapturedGraph(graph, inputs, output, nbytes)
 
 
-class _ShapeFailures:
-    """Shapes whose capture failed: logged once each, eager from then on."""
+class _GraphRunner:
+    """What the denoise and the prefix share: a graph cache, a capturer, the shapes whose capture failed
+    (logged once each, eager from then on) and ``strict`` (``cuda_graphs: on``: a failure raises)."""
 
-    def __init__(self) -> None:
-        self.keys: Set[Hashable] = set()
+    what = ''
 
-    def record(self, what: str, key: Hashable, error: BaseException) -> None:
-        if key not in self.keys:
-            self.keys.add(key)
+    def __init__(self, family: Any, graphs: bool, strict: bool, max_graphs: int, max_graph_bytes: int,
+                 capturer: Optional[GraphCapturer]) -> None:
+        self.family = family
+        self.graphs = bool(graphs)
+        self.strict = bool(strict)
+        self.cache = GraphCache(max_graphs, max_graph_bytes)
+        self.capturer = capturer or GraphCapturer()
+        self.failed: Set[Hashable] = set()
+        self.captures = self.replays = 0
+
+    def graph_for(self, key: Hashable, fn: Callable[[Any], Any], inputs: Any,
+                  keep: Tuple[torch.Tensor, ...] = ()) -> Optional[CapturedGraph]:
+        """The cached graph for ``key``, captured now from a static copy of ``inputs`` (tensors in ``keep``
+        are static already) when missing; None for a shape that failed (it runs eagerly)."""
+        entry = self.cache.get(key)
+        if entry is not None or key in self.failed:
+            return entry
+        try:
+            entry = self.capturer.capture(fn, tree_clone(inputs, keep))
+        except Exception as exc:  # noqa: BLE001 - any capture failure: eager for that shape (strict: raise)
+            if self.strict:
+                raise FastPathError(f'cuda_graphs is "on" and the {self.what} graph capture failed: {exc}') from exc
+            self.failed.add(key)
             LOG.warning('CUDA graph capture of the %s failed for %s (%s: %s); that shape runs eagerly from now on',
-                        what, key, type(error).__name__, error)
+                        self.what, key, type(exc).__name__, exc)
+            return None
+        self.captures += 1
+        if not self.cache.put(key, entry):
+            LOG.warning('a %s graph of %d bytes does not fit the graph cache (%d bytes); replaying it once',
+                        self.what, entry.nbytes, self.cache.max_bytes)
+        return entry
+
+    def replay(self, entry: CapturedGraph, inputs: Any) -> Any:
+        """Copy ``inputs`` into the graph's static inputs, replay; returns the graph-owned output."""
+        tree_copy_(entry.inputs, inputs)
+        entry.graph.replay()
+        self.replays += 1
+        return entry.output
 
 
 # ---- the denoise ------------------------------------------------------------------------------------------
 
-class StaticDenoiser:
+class StaticDenoiser(_GraphRunner):
     """The denoise through a static K/V workspace, eagerly (``graphs=False``) or as replayed CUDA graphs.
 
     ``family``: what ``denoise_program`` returns (``workspace_spec``, ``chunk_setup(..., workspace=)``,
     ``euler_loop``, a ``config``); ``family_name`` and the camera count go into the graph key.
     """
 
+    what = 'denoise loop'
+
     def __init__(self, family: Any, *, family_name: str, graphs: bool, strict: bool = False,
                  max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES,
                  compile_loop: bool = False, capturer: Optional[GraphCapturer] = None) -> None:
-        self.family = family
+        super().__init__(family, graphs, strict, max_graphs, max_graph_bytes, capturer)
         self.family_name = family_name
-        self.graphs = bool(graphs)
-        self.strict = bool(strict)
-        self.cache = GraphCache(max_graphs, max_graph_bytes)
-        self.capturer = capturer or GraphCapturer()
-        self.failures = _ShapeFailures()
         self.workspaces: Dict[Hashable, StaticWorkspace] = {}
-        self.captures = self.replays = self.eager_runs = 0
+        self.eager_runs = 0
         loop = family.euler_loop
         self._loop: Callable[[Any], torch.Tensor] = torch.compile(loop) if compile_loop else loop
 
@@ -372,38 +402,17 @@ class StaticDenoiser:
         workspace.load(spec, context.pad_mask, token)
         chunk = self.family.chunk_setup(context, state, noise, num_steps, workspace=workspace.buffers,
                                         **continuation)
-        if self.graphs:
-            key = self.graph_key(context, chunk)
-            entry = self.cache.get(key)
-            if entry is None and key not in self.failures.keys:
-                entry = self._capture(key, chunk, workspace)
-            if entry is not None:
-                tree_copy_(entry.inputs, chunk)
-                entry.graph.replay()
-                self.replays += 1
-                return entry.output.clone()
+        entry = self.graph_for(self.graph_key(context, chunk), self._loop, chunk, workspace.buffers) \
+            if self.graphs else None
+        if entry is not None:
+            return self.replay(entry, chunk).clone()
         self.eager_runs += 1
         return self._loop(chunk)
-
-    def _capture(self, key: Hashable, chunk: Any, workspace: StaticWorkspace) -> Optional[CapturedGraph]:
-        inputs = tree_clone(chunk, keep=workspace.buffers)
-        try:
-            entry = self.capturer.capture(self._loop, inputs)
-        except Exception as exc:  # noqa: BLE001 - any capture failure: eager for that shape (strict: raise)
-            if self.strict:
-                raise FastPathError(f'cuda_graphs is "on" and the denoise graph capture failed: {exc}') from exc
-            self.failures.record('denoise loop', key, exc)
-            return None
-        self.captures += 1
-        if not self.cache.put(key, entry):
-            LOG.warning('a denoise graph of %d bytes does not fit the graph cache (%d bytes); replaying it once',
-                        entry.nbytes, self.cache.max_bytes)
-        return entry
 
     def describe(self) -> Dict[str, Any]:
         return {'cuda_graphs': self.graphs, 'graphs_cached': len(self.cache), 'graph_bytes': self.cache.bytes,
                 'graph_evictions': self.cache.evictions, 'graph_captures': self.captures,
-                'graph_replays': self.replays, 'graph_capture_failures': len(self.failures.keys),
+                'graph_replays': self.replays, 'graph_capture_failures': len(self.failed),
                 'workspace_copies': sum(w.copies for w in self.workspaces.values())}
 
 
@@ -417,18 +426,14 @@ class PrefixInputs:
     token_masks: torch.Tensor
 
 
-class PrefixGraphs:
+class PrefixGraphs(_GraphRunner):
     """fill_prefix as one graph per (cameras, bucket, batch); the output is cloned into a fresh context."""
+
+    what = 'prefix'
 
     def __init__(self, family: Any, *, graphs: bool, strict: bool = False, max_graphs: int = 4,
                  max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES, capturer: Optional[GraphCapturer] = None) -> None:
-        self.family = family
-        self.graphs = bool(graphs)
-        self.strict = bool(strict)
-        self.cache = GraphCache(max_graphs, max_graph_bytes)
-        self.capturer = capturer or GraphCapturer()
-        self.failures = _ShapeFailures()
-        self.replays = 0
+        super().__init__(family, graphs, strict, max_graphs, max_graph_bytes, capturer)
 
     def _fill(self, inputs: PrefixInputs) -> PrefixContext:
         return self.family.fill_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
@@ -436,27 +441,11 @@ class PrefixGraphs:
     def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
                     token_masks: torch.Tensor) -> PrefixContext:
         inputs = PrefixInputs(images, image_masks, tokens, token_masks)
-        if not self.graphs:
-            return self._fill(inputs)
-        key = tree_signature(inputs)
-        entry = self.cache.get(key)
-        if entry is None and key not in self.failures.keys:
-            try:
-                entry = self.capturer.capture(self._fill, tree_clone(inputs))
-            except Exception as exc:  # noqa: BLE001 - eager for that shape (strict: raise)
-                if self.strict:
-                    raise FastPathError(f'cuda_graphs is "on" and the prefix graph capture failed: {exc}') from exc
-                self.failures.record('prefix', key, exc)
-                entry = None
-            else:
-                self.cache.put(key, entry)
+        entry = self.graph_for(tree_signature(inputs), self._fill, inputs) if self.graphs else None
         if entry is None:
             return self._fill(inputs)
-        tree_copy_(entry.inputs, inputs)
-        entry.graph.replay()
-        self.replays += 1
-        return tree_clone(entry.output)          # never graph-owned memory in the cache
+        return tree_clone(self.replay(entry, inputs))          # never graph-owned memory in the cache
 
     def describe(self) -> Dict[str, Any]:
         return {'prefix_graphs': len(self.cache), 'prefix_graph_bytes': self.cache.bytes,
-                'prefix_replays': self.replays, 'prefix_capture_failures': len(self.failures.keys)}
+                'prefix_replays': self.replays, 'prefix_capture_failures': len(self.failed)}
