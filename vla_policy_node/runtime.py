@@ -106,7 +106,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 class _StageTimer:
     """Per-stage milliseconds: CUDA events on a CUDA device (GPU-true: each stage is the time between events
-    recorded on the stream at its boundaries, no synchronize inside the chunk, one wait at ``result``),
+    recorded on the stream at its boundaries, no synchronize inside the chunk, one wait in ``ms``),
     ``time.perf_counter`` on the CPU. ``clock`` labels which one made the figures."""
 
     def __init__(self, device: torch.device) -> None:
