@@ -382,3 +382,19 @@ def test_diagnostics_label_the_clock_and_show_the_fast_path(tiny_checkpoint):  #
     values = {pair.key: pair.value for pair in diagnostics_msg(0, report).status[0].values}
     assert values['latency_clock'] == 'host'
     assert values['cuda_graphs_mode'] == 'off' and values['workspace_copies'] == '1'
+
+
+def test_under_on_a_capture_failure_fails_the_warmup_but_never_a_tick(tiny_checkpoint):  # noqa: F811
+    runtime = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32', static_workspace=True)
+    runtime.cuda_graphs = 'on'                           # as on a CUDA machine; the capturer stands in for CUDA
+    runtime._fast.graphs = True
+    runtime._fast.capturer = ReplayByRerun(fail=True)
+    with pytest.raises(FastPathError, match='capture failed'):
+        runtime.warmup()
+    chunk = runtime.infer(make_observation(), seed=0)    # after configure: eager fallback, logged
+    assert chunk.actions.shape == (runtime.config.chunk_size, runtime.config.action_dim)
+    assert runtime.fast_path_summary()['graph_capture_failures'] == 1
+    # A working capture: warm-up captures the plain and the guided-RTC denoise graphs.
+    runtime._fast = StaticDenoiser(runtime._fast.family, family_name='pi', graphs=True, capturer=ReplayByRerun())
+    runtime.warmup()
+    assert runtime._fast.captures == 2

@@ -202,11 +202,11 @@ class PolicyRuntime:
             raise FastPathError(f'cuda_graphs is "on", but the {self.config.policy_type} family offers no '
                                 'capturable denoise (chunk_setup with a workspace + euler_loop)')
         if program is not None and (graphs or static_workspace or compile_denoise):
-            strict = cuda_graphs == 'on'
-            self._fast = StaticDenoiser(program, family_name=self.config.policy_type, graphs=graphs, strict=strict,
+            # strict (a capture failure raises) only during warmup(), under cuda_graphs: on
+            self._fast = StaticDenoiser(program, family_name=self.config.policy_type, graphs=graphs,
                                         max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
                                         compile_loop=compile_denoise)
-            self._prefix_graphs = PrefixGraphs(policy, graphs=graphs, strict=strict, max_graph_bytes=max_graph_bytes)
+            self._prefix_graphs = PrefixGraphs(policy, graphs=graphs, max_graph_bytes=max_graph_bytes)
 
     # ---- construction --------------------------------------------------------------------
     _RUNTIME_OPTIONS = ('cache_max_bytes', 'cache_max_entries', 'cache_enabled', 'num_steps', 'cuda_graphs',
@@ -477,11 +477,29 @@ class PolicyRuntime:
                         stats.max_entries)
 
     def warmup(self) -> ActionChunk:
-        """One inference on a blank observation, outside the cache, so the first real tick is not the slow one."""
+        """One inference on a blank observation, outside the cache, so the first real tick is not the slow one.
+
+        With CUDA graphs this captures the prefix graph and the plain and guided-RTC denoise graphs; under
+        ``cuda_graphs: on`` a capture failure here raises FastPathError (a configure error). Shapes first seen
+        later (trained RTC, another prompt bucket) are captured then and fall back to eager, logged, on failure:
+        a tick never fails on a capture."""
         cfg = self.config
         height, width = cfg.image_resolution
         blank = {name: np.zeros((height, width, 3), dtype=np.uint8) for name in cfg.camera_names}
-        return self.infer(Observation(blank, self._neutral_state(), 'warm up'), seed=0, use_cache=False)
+        observation = Observation(blank, self._neutral_state(), 'warm up')
+        runners = [runner for runner in (self._fast, self._prefix_graphs) if runner is not None]
+        strict = self.cuda_graphs == 'on'
+        try:
+            for runner in runners:
+                runner.strict = strict
+            chunk = self.infer(observation, seed=0, use_cache=False)
+            if self._fast is not None and self._fast.graphs:
+                self.infer(observation, seed=0, use_cache=False, prev_chunk_left_over=np.zeros((1, 1)),
+                           inference_delay=0, rtc=RTCSettings())
+        finally:
+            for runner in runners:
+                runner.strict = False
+        return chunk
 
     def _neutral_state(self) -> np.ndarray:
         """A state that normalises to zero."""

@@ -136,7 +136,7 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
         info(f'loaded {config.policy_type} from {values["checkpoint_path"]} on {runtime.device} ({runtime.dtype}); '
              f'cameras {[camera.topic for camera in layout.cameras]}; '
              f'one cached prefix = {runtime.prefix_bytes() / 2**20:.2f} MiB')
-        if values['warmup']:
+        if values['warmup'] or values['cuda_graphs'] == 'on':     # 'on': a capture failure fails configure
             info(f'warm-up chunk in {runtime.warmup().total_ms:.1f} ms')
         return Configured(runtime, layout, tick_settings(values, layout))
     except BaseException:
