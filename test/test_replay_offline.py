@@ -67,6 +67,7 @@ def test_replay_writes_a_valid_report(bag, checkpoint, tmp_path):
     assert summary['cache']['hits'] + summary['cache']['misses'] == summary['chunks']
     for stage in ('hash', 'denoise', 'total'):
         assert set(summary['latency_ms'][stage]) == {'p50', 'p95', 'max'}
+    assert summary['latency_clock'] == 'host' and summary['fast_path']['cuda_graphs_mode'] == 'off'
     assert set(summary['command_error']) == set(JOINTS)
     assert all(np.isfinite(v['rmse']) and v['points'] > 0 for v in summary['command_error'].values())
 

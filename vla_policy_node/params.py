@@ -110,6 +110,12 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               read_only=True),
     ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one.',
               read_only=True),
+    ParamSpec('cuda_graphs', 'off', 'string',
+              'CUDA graphs for the denoise loop (all steps in one graph, over a static K/V workspace) and the '
+              'prefix: auto (on a CUDA device, eager where a capture fails), on (a capture failure in the '
+              'configure warm-up, or a device without CUDA, fails configure), off (eager). Default off until '
+              'measured on a GPU.',
+              read_only=True, choices=('auto', 'on', 'off')),
     ParamSpec('autostart', True, 'bool',
               'Configure and activate on start-up (no lifecycle manager needed).', read_only=True),
     # --- topics (need a restart) ---

@@ -25,6 +25,8 @@ import torch
 
 from .cache import PrefixCache, PrefixContext, PrefixKeyBuilder
 from .cache.key import weights_digest
+from .fast_path import (DEFAULT_MAX_GRAPH_BYTES, DEFAULT_MAX_GRAPHS, FastPathError, Generations, PrefixGraphs,
+                        StaticDenoiser, check_buckets, denoise_program, fit_to_bucket, resolve_cuda_graphs)
 from .images import (DEFAULT_MAX_PIXELS, CompressedFrame, ImageDecodeError, RawImage, check_frame, decode_frame,
                      frame_from_msg)
 from .observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
@@ -40,6 +42,9 @@ CameraInput = Union[RawImage, CompressedFrame, np.ndarray, None]
 STAGES = ('hash', 'preprocess', 'prefix', 'denoise')
 DEFAULT_CACHE_BYTES = 1 << 30
 DEFAULT_CACHE_ENTRIES = 16
+# ActionChunk.timings_clock: how the stage timings were measured.
+HOST_CLOCK = 'host'                  # time.perf_counter around each stage (CPU)
+CUDA_EVENTS_CLOCK = 'cuda_events'    # CUDA events on the stream at the stage boundaries (GPU-true)
 
 
 @dataclass
@@ -54,6 +59,7 @@ class ActionChunk:
     camera_slots: Tuple[str, ...] = field(default_factory=tuple)
     normalized: Optional[np.ndarray] = None     # [horizon, action_dim] in the model's space (an RTC leftover)
     continued: bool = False                     # steered by a previous chunk's leftover (real-time chunking)
+    timings_clock: str = HOST_CLOCK             # what measured timings_ms: 'cuda_events' (GPU-true) or 'host'
 
     @property
     def total_ms(self) -> float:
@@ -132,25 +138,51 @@ def checked_instruction(instruction: Optional[str], max_length: int) -> str:
 
 
 class _StageTimer:
-    """Wall-clock per stage; synchronises CUDA at stage boundaries so kernels are charged to their stage."""
+    """Per-stage milliseconds: CUDA events on a CUDA device (GPU-true: each stage is the time between events
+    recorded on the stream at its boundaries, no synchronize inside the chunk, one wait in ``ms``),
+    ``time.perf_counter`` on the CPU. ``clock`` labels which one made the figures."""
 
     def __init__(self, device: torch.device) -> None:
-        self._sync = device.type == 'cuda'
-        self.ms: Dict[str, float] = {stage: 0.0 for stage in STAGES}
+        self._cuda = device.type == 'cuda'
+        self.clock = CUDA_EVENTS_CLOCK if self._cuda else HOST_CLOCK
+        self._host_ms: Dict[str, float] = {stage: 0.0 for stage in STAGES}
+        self._events: List[Tuple[str, object, object]] = []     # (stage, start event, end event) on CUDA
         self._stage: Optional[str] = None
-        self._start = 0.0
+        self._start: object = 0.0
+
+    def _mark(self) -> object:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
 
     def start(self, stage: str) -> None:
         self.stop()
-        self._stage, self._start = stage, time.perf_counter()
+        self._stage, self._start = stage, self._mark()
 
     def stop(self) -> None:
         if self._stage is None:
             return
-        if self._sync:
-            torch.cuda.synchronize()
-        self.ms[self._stage] += (time.perf_counter() - self._start) * 1e3
+        end = self._mark()
+        if self._cuda:
+            self._events.append((self._stage, self._start, end))
+        else:
+            self._host_ms[self._stage] += (end - self._start) * 1e3
         self._stage = None
+
+    @property
+    def ms(self) -> Dict[str, float]:
+        """Milliseconds per stage (on CUDA this waits for the last event, once per chunk)."""
+        self.stop()
+        if not self._cuda:
+            return dict(self._host_ms)
+        totals = {stage: 0.0 for stage in STAGES}
+        if self._events:
+            self._events[-1][2].synchronize()
+        for stage, start, end in self._events:
+            totals[stage] += start.elapsed_time(end)
+        return totals
 
 
 class PolicyRuntime:
@@ -158,9 +190,19 @@ class PolicyRuntime:
 
     def __init__(self, policy: PolicyFamily, model_revision: str, *,
                  cache_max_bytes: int = DEFAULT_CACHE_BYTES, cache_max_entries: int = DEFAULT_CACHE_ENTRIES,
-                 cache_enabled: bool = True, num_steps: Optional[int] = None) -> None:
+                 cache_enabled: bool = True, num_steps: Optional[int] = None, cuda_graphs: str = 'off',
+                 static_workspace: bool = False, prompt_buckets: Optional[Sequence[int]] = None,
+                 compile_denoise: bool = False, max_graphs: int = DEFAULT_MAX_GRAPHS,
+                 max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES) -> None:
         """``policy``: a loaded family (policy/family.py); its options (e.g. pi0.5's
-        ``pi05_padded_state_prompt``) are readable here as attributes of the same name."""
+        ``pi05_padded_state_prompt``) are readable here as attributes of the same name.
+
+        The fast path (fast_path.py): ``cuda_graphs`` auto | on | off (``on`` without CUDA raises
+        FastPathError); ``static_workspace`` runs the denoise through the static K/V workspace eagerly (what
+        the graphs replay; implied by graphs); ``prompt_buckets`` pads the prompt to the smallest bucket that
+        holds it (default: one bucket at tokenizer_max_length); ``compile_denoise`` wraps the loop in
+        torch.compile (off by default: Jetson wheels have no Triton); ``max_graphs`` / ``max_graph_bytes``
+        bound the graph cache."""
         self.policy = policy
         self.model = policy.model
         self.config = policy.config
@@ -182,9 +224,26 @@ class PolicyRuntime:
         self._keys = PrefixKeyBuilder(model_revision, self.tokenizer.identity, str(self.dtype).replace('torch.', ''))
         self._lock = threading.Lock()
         self._warned_oversize = False
+        graphs = resolve_cuda_graphs(cuda_graphs, self.device)
+        self.cuda_graphs = cuda_graphs
+        self.prompt_buckets = check_buckets(prompt_buckets, self.config.tokenizer_max_length)
+        self._generations = Generations()
+        self._fast: Optional[StaticDenoiser] = None
+        self._prefix_graphs: Optional[PrefixGraphs] = None
+        program = denoise_program(policy)
+        if program is None and cuda_graphs == 'on':
+            raise FastPathError(f'cuda_graphs is "on", but the {self.config.policy_type} family offers no '
+                                'capturable denoise (chunk_setup with a workspace + euler_loop)')
+        if program is not None and (graphs or static_workspace or compile_denoise):
+            # strict (a capture failure raises) only during warmup(), under cuda_graphs: on
+            self._fast = StaticDenoiser(program, family_name=self.config.policy_type, graphs=graphs,
+                                        max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
+                                        compile_loop=compile_denoise)
+            self._prefix_graphs = PrefixGraphs(policy, graphs=graphs, max_graph_bytes=max_graph_bytes)
 
     # ---- construction --------------------------------------------------------------------
-    _RUNTIME_OPTIONS = ('cache_max_bytes', 'cache_max_entries', 'cache_enabled', 'num_steps')
+    _RUNTIME_OPTIONS = ('cache_max_bytes', 'cache_max_entries', 'cache_enabled', 'num_steps', 'cuda_graphs',
+                        'static_workspace', 'prompt_buckets', 'compile_denoise', 'max_graphs', 'max_graph_bytes')
 
     @classmethod
     def from_pretrained(cls, path: Union[str, Path], device: str = 'auto', dtype: str = 'auto',
@@ -193,6 +252,7 @@ class PolicyRuntime:
         the others to the policy family (refused by name where the family has no such option)."""
         torch_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, torch_device)
+        resolve_cuda_graphs(options.get('cuda_graphs', 'off'), torch_device)     # refused before loading anything
         runtime_options = {name: options.pop(name) for name in cls._RUNTIME_OPTIONS if name in options}
         policy = load_policy(Path(path), torch_device, torch_dtype, tokenizer_path, **options)
         return cls(policy, weights_digest(str(policy.weights_path)), **runtime_options)
@@ -258,6 +318,7 @@ class PolicyRuntime:
         normalized = self.state_normalizer.normalize(raw_state)
         tokens, token_mask = self._tokens(self._instruction(observation.instruction, max_instruction_length),
                                           normalized)
+        tokens, token_mask = fit_to_bucket(tokens, token_mask, self.prompt_buckets)
         return _Prepared(slots, raw_state, normalized, tokens, token_mask)
 
     def prefix_key(self, observation: Observation) -> str:
@@ -358,20 +419,28 @@ class PolicyRuntime:
             tokens_t = torch.from_numpy(tokens)[None].to(self.device)
             mask_t = torch.from_numpy(token_mask)[None].to(self.device)
             timer.start('prefix')
-            context = self.policy.fill_prefix(images, image_masks, tokens_t, mask_t)
+            fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.policy.fill_prefix
+            context = fill(images, image_masks, tokens_t, mask_t)
             timer.stop()
+            entry = self._generations.new(key)
             if use_cache:
                 self._store(key, context)
+        else:
+            entry = self._generations.token(key) or self._generations.new(key)
         timer.start('denoise')
         state = np.zeros(cfg.max_state_dim, dtype=np.float32)       # zero-padded as lerobot's pad_vector
         state[:cfg.state_dim] = prepared.normalized_state
         state_t = torch.from_numpy(state)[None].to(self.device)
-        normalized = self.policy.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
-                                         **continuation)                                # [1, H, max_action_dim]
+        if self._fast is not None:
+            normalized = self._fast.denoise(context, entry, state_t, noise_tensor, steps,
+                                            prev_chunk_left_over=leftover, **continuation)
+        else:
+            normalized = self.policy.denoise(context, state_t, noise_tensor, steps, prev_chunk_left_over=leftover,
+                                             **continuation)                            # [1, H, max_action_dim]
         actions = normalized[0, :, :cfg.action_dim].float().cpu().numpy()
         timer.stop()
         return ActionChunk(actions=self._postprocess(actions, prepared.raw_state), cache_hit=hit,
-                           timings_ms=dict(timer.ms), key=key, num_steps=steps,
+                           timings_ms=timer.ms, timings_clock=timer.clock, key=key, num_steps=steps,
                            camera_slots=tuple(name for name, _ in slots), normalized=actions,
                            continued=rtc is not None and leftover is not None and len(leftover) > 0)
 
@@ -411,6 +480,8 @@ class PolicyRuntime:
         return torch.stack(images)[None], torch.tensor([masks], device=self.device)
 
     def _store(self, key: str, context: PrefixContext) -> None:
+        if len(self._generations) > 2 * self.cache.stats().max_entries + 8:
+            self._generations.forget_unless(lambda stored: stored in self.cache)
         if not self.cache.put(key, context) and not self._warned_oversize:
             self._warned_oversize = True
             stats = self.cache.stats()
@@ -419,11 +490,29 @@ class PolicyRuntime:
                         stats.max_entries)
 
     def warmup(self) -> ActionChunk:
-        """One inference on a blank observation, outside the cache, so the first real tick is not the slow one."""
+        """One inference on a blank observation, outside the cache, so the first real tick is not the slow one.
+
+        With CUDA graphs this captures the prefix graph and the plain and guided-RTC denoise graphs; under
+        ``cuda_graphs: on`` a capture failure here raises FastPathError (a configure error). Shapes first seen
+        later (trained RTC, another prompt bucket) are captured then and fall back to eager, logged, on failure:
+        a tick never fails on a capture."""
         cfg = self.config
         height, width = cfg.image_resolution
         blank = {name: np.zeros((height, width, 3), dtype=np.uint8) for name in cfg.camera_names}
-        return self.infer(Observation(blank, self._neutral_state(), 'warm up'), seed=0, use_cache=False)
+        observation = Observation(blank, self._neutral_state(), 'warm up')
+        runners = [runner for runner in (self._fast, self._prefix_graphs) if runner is not None]
+        strict = self.cuda_graphs == 'on'
+        try:
+            for runner in runners:
+                runner.strict = strict
+            chunk = self.infer(observation, seed=0, use_cache=False)
+            if self._fast is not None and self._fast.graphs:
+                self.infer(observation, seed=0, use_cache=False, prev_chunk_left_over=np.zeros((1, 1)),
+                           inference_delay=0, rtc=RTCSettings())
+        finally:
+            for runner in runners:
+                runner.strict = False
+        return chunk
 
     def _neutral_state(self) -> np.ndarray:
         """A state that normalises to zero."""
@@ -441,16 +530,28 @@ class PolicyRuntime:
         type, cameras, prefix length, cache entry bytes ...) plus where and how it runs."""
         return dict(self.policy.describe(), backend='local', checkpoint_path=self.checkpoint_path,
                     device=str(self.device), dtype=str(self.dtype).replace('torch.', ''),
-                    model_revision=self.model_revision, prefix_entry_bytes=self.prefix_bytes())
+                    model_revision=self.model_revision, prefix_entry_bytes=self.prefix_bytes(),
+                    **self.fast_path_summary())
 
     def summary(self) -> str:
         """The configure log line's backend part (SEAM.md section 2)."""
         return (f'loaded {self.config.policy_type} from {self.checkpoint_path or "a checkpoint"} on {self.device} '
                 f'({self.dtype}); one cached prefix = {self.prefix_bytes() / 2**20:.2f} MiB')
 
+    def fast_path_summary(self) -> Dict[str, object]:
+        """The fast path's figures for /diagnostics and the replay summary (cuda_graphs mode, graphs, copies)."""
+        summary: Dict[str, object] = {'cuda_graphs_mode': self.cuda_graphs,
+                                      'prompt_buckets': list(self.prompt_buckets)}
+        if self._fast is not None:
+            summary.update(self._fast.describe())
+        if self._prefix_graphs is not None:
+            summary.update(self._prefix_graphs.describe())
+        return summary
+
     def close(self) -> None:
         """Drop the cache and the model; return device memory to the allocator's owner."""
         self.cache.clear()
+        self._fast = self._prefix_graphs = None
         self.model = None  # type: ignore[assignment]
         self.policy = None  # type: ignore[assignment]
         if self.device.type == 'cuda':

@@ -148,7 +148,8 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'],
-                                         pi05_padded_state_prompt=values['pi05_padded_state_prompt'])
+                                         pi05_padded_state_prompt=values['pi05_padded_state_prompt'],
+                                         cuda_graphs=values['cuda_graphs'])
 
 
 def load_local(values: Mapping[str, Any], info: Callable[[str], None] = lambda message: None,
@@ -186,9 +187,8 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
         info(f'torch CPU threads: {threads or "torch default"} (cpu_threads {values["cpu_threads"]}, '
              f'{usable_cpus()} usable CPUs)')
         info(f'{runtime.summary()}; cameras {[camera.topic for camera in layout.cameras]}')
-        warm = runtime.warmup() if values['warmup'] else None
-        if warm is not None:
-            info(f'warm-up chunk in {warm.total_ms:.1f} ms')
+        if values['warmup'] or values['cuda_graphs'] == 'on':     # 'on': a capture failure fails configure
+            info(f'warm-up chunk in {runtime.warmup().total_ms:.1f} ms')
         if values.get('outputs'):
             info('outputs: ' + '; '.join(f'{output.name} -> {output.topic} ({output.kind}: {list(output.joints)})'
                                          for output in outputs))

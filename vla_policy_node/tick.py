@@ -100,6 +100,7 @@ class TickStats:
         self.continued = 0                     # chunks steered by the previous one (rtc)
         self.delay = 0                         # the last estimated inference delay, in actions
         self.last_skip: Optional[SkipTick] = None
+        self.timings_clock = ''                # how the latest chunk's stage timings were measured
 
     def record(self, outcome: TickOutcome) -> None:
         with self._lock:
@@ -117,6 +118,7 @@ class TickStats:
                 for stage in STAGES:
                     self._latency[stage].append(chunk.timings_ms.get(stage, 0.0))
                 self._latency['total'].append(chunk.total_ms)
+                self.timings_clock = getattr(chunk, 'timings_clock', '')
                 self.continued += int(chunk.continued)
                 self.delay = outcome.delay
             if outcome.plan is not None and outcome.plan.clipped:
@@ -158,7 +160,8 @@ class TickStats:
                                      holds_published=self.holds_published,
                                      clipped=self.clipped, skipped=dict(self.skipped), last_skip=self.last_skip,
                                      latency=_percentiles(self._latency), handover=_percentiles(self._handover),
-                                     continued=self.continued, delay=self.delay)
+                                     continued=self.continued, delay=self.delay,
+                                     timings_clock=self.timings_clock)
 
 
 def _percentiles(windows: Dict[str, Deque[float]]) -> Dict[str, Dict[str, float]]:
@@ -184,6 +187,7 @@ class TickStatsSnapshot:
     handover: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
     continued: int = 0
     delay: int = 0
+    timings_clock: str = ''      # 'cuda_events' or 'host' (runtime.ActionChunk.timings_clock); '' before a chunk
 
     @property
     def skipped_total(self) -> int:

@@ -101,8 +101,9 @@ def check_prefix_inputs(config: PolicyLevelConfig, images: torch.Tensor, image_m
         raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
     if tuple(image_masks.shape) != (images.shape[0], cameras):
         raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
-    if tokens.shape != token_masks.shape or tokens.shape[1] != config.tokenizer_max_length:
-        raise ValueError(f'tokens and token_masks must be [B, {config.tokenizer_max_length}], '
+    # Up to tokenizer_max_length: a prompt bucket (fast_path.fit_to_bucket) drops masked padding only.
+    if tokens.shape != token_masks.shape or not 0 < tokens.shape[1] <= config.tokenizer_max_length:
+        raise ValueError(f'tokens and token_masks must be [B, <= {config.tokenizer_max_length}], '
                          f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
 
 

@@ -59,12 +59,13 @@ class GemmaDecoderLayer(nn.Module):
         self.post_attention_layernorm = _norm(size.width, eps, cond_dim)
         self.mlp = GemmaMLP(size.width, size.mlp_dim)
 
-    def norm(self, which: nn.Module, x: torch.Tensor,
-             cond: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Returns (normed x, residual gate or None)."""
+    def norm(self, which: nn.Module, x: torch.Tensor, cond: Optional[torch.Tensor],
+             dtype: torch.dtype) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Returns (normed x rounded once to the compute ``dtype``, residual gate in x's dtype or None)."""
         if self.adaptive:
-            return which(x, cond)
-        return which(x), None
+            normed, gate = which(x, cond)
+            return normed.to(dtype), gate
+        return which(x).to(dtype), None
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor, cond: Optional[torch.Tensor] = None, kv_only: bool = False) -> torch.Tensor:
@@ -77,9 +78,12 @@ class GemmaDecoderLayer(nn.Module):
         mask additive, folded [B, 1, G*S, start + S]; cond [B, W] or [B, S, W] for
         adaptive norms. ``kv_only``: stop once K/V are written (a last layer whose output
         nothing reads). Returns x [B, S, W].
+
+        The residual stream x may be wider than the compute dtype (fp32 under bf16, see GemmaStack): the
+        norms read it in full precision and round once to the K/V buffer's dtype for the projections.
         """
         end = start + x.shape[1]
-        h, gate = self.norm(self.input_layernorm, x, cond)
+        h, gate = self.norm(self.input_layernorm, x, cond, kv.dtype)
         q, k, v = self.self_attn.project_qkv(h, cos, sin)           # q [B, H, S, D]; k, v [B, K, S, D]
         kv[0, :, :, start:end] = k
         kv[1, :, :, start:end] = v
@@ -87,7 +91,7 @@ class GemmaDecoderLayer(nn.Module):
             return x
         attn = grouped_query_attention(q, kv[0, :, :, :end], kv[1, :, :, :end], mask)   # [B, H, S, D]
         x = gated_residual(x, self.self_attn.project_out(attn), gate)
-        h, gate = self.norm(self.post_attention_layernorm, x, cond)
+        h, gate = self.norm(self.post_attention_layernorm, x, cond, kv.dtype)
         return gated_residual(x, self.mlp(h), gate)
 
 
@@ -101,7 +105,15 @@ def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor
 
 
 class GemmaStack(nn.Module):
-    """Layers + final norm (+ token embedding for the language model)."""
+    """Layers + final norm (+ token embedding for the language model).
+
+    ``residual_fp32``: the residual stream between the blocks is kept in fp32 whatever the compute dtype; only
+    the projections' inputs (the norm outputs) and outputs are in the compute dtype. Under bf16 that removes
+    the rounding of every residual add (two per layer), the error that grows with depth
+    (bench/bf16_accuracy.py); lerobot rounds the stream to bf16 after each add. In fp32 it changes nothing.
+    """
+
+    residual_fp32 = True
 
     def __init__(self, size: GemmaSize, eps: float, vocab_size: Optional[int] = None,
                  cond_dim: Optional[int] = None) -> None:
@@ -136,11 +148,16 @@ class GemmaStack(nn.Module):
         self.write_kv(x, kv, 0, cos, sin, fold_mask(mask, size.num_heads // size.num_kv_heads))
         return kv
 
+    def residual(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream's dtype for tokens entering the stack (fp32 with ``residual_fp32``)."""
+        return x.float() if self.residual_fp32 else x
+
     def write_kv(self, x: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
                  mask: torch.Tensor) -> None:
         """Tokens x [B, S, W] through every layer, keeping only their K/V at [start, start + S) of
         kv [L, 2, B, K, T, D] (folded mask [B, 1, G*S, start + S]). The last layer's attention output
         and MLP feed nothing, so they are not computed."""
+        x = self.residual(x)
         for i, layer in enumerate(self.layers):
             x = layer(x, kv[i], start, cos, sin, mask, kv_only=i == self.size.depth - 1)
 
@@ -152,8 +169,9 @@ class GemmaStack(nn.Module):
         x [B, S, W] written at [start, start + S) of kv_workspace [L, 2, B, K, start + S, D], whose
         first ``start`` positions (the prefix, and pi0's state token) are written once per chunk,
         never here; folded mask [B, 1, G*S, start + S]; cond [B, W] or [B, S, W] for adaptive norms.
-        Returns the final-normed hidden states [B, S, W].
+        Returns the final-normed hidden states [B, S, W] (in the residual stream's dtype).
         """
+        x = self.residual(x)
         for i, layer in enumerate(self.layers):
             x = layer(x, kv_workspace[i], start, cos, sin, mask, cond)
         return self.final_norm(x, cond)

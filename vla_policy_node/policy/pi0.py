@@ -240,21 +240,37 @@ class PiZeroModel(MixedPrecisionPolicy):
                                  inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
         return self.euler_loop(chunk)
 
+    def workspace_spec(self, context: PrefixContext) -> Tuple[Tuple[torch.Tensor, int], ...]:
+        """The K/V workspace the loop reads: the prefix K/V extended by the suffix (fast_path.py)."""
+        return ((context.kv, context.prefix_len + self.config.suffix_len),)
+
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None) -> 'ChunkSetup':
+                    rtc: Optional[RTCSettings] = None,
+                    workspace: Optional[Tuple[torch.Tensor, ...]] = None) -> 'ChunkSetup':
         """Everything fixed for one chunk: K/V workspace (prefix copied in, pi0's state token written),
-        suffix layout, time terms and the RTC guide."""
+        suffix layout, time terms and the RTC guide.
+
+        ``workspace``: caller-owned buffers as ``workspace_spec`` describes them, whose prefix parts already hold
+        the entry (the static workspace of vla_policy_node/fast_path.py); nothing is allocated or copied then,
+        and the state part is written into them."""
         cfg = self.config
         num_steps = check_chunk_inputs(cfg, context, noise, num_steps)
         prefix_len = context.prefix_len
         layout = self._suffix_layout(context)
         # The prefix K/V is copied once per chunk into a [P + S] buffer; each step
         # writes only the action tokens' part, so the stored context is never touched.
-        workspace = context.kv.new_empty(*context.kv.shape[:4], prefix_len + cfg.suffix_len, context.kv.shape[-1])
-        workspace[..., :prefix_len, :] = context.kv
+        shape = (*context.kv.shape[:4], prefix_len + cfg.suffix_len, context.kv.shape[-1])
+        if workspace is None:
+            workspace = context.kv.new_empty(shape)
+            workspace[..., :prefix_len, :] = context.kv
+        else:
+            (workspace,) = workspace
+            if tuple(workspace.shape) != shape or workspace.dtype != context.kv.dtype:
+                raise ValueError(f'workspace must be {list(shape)} {context.kv.dtype}, got '
+                                 f'{list(workspace.shape)} {workspace.dtype}')
         if layout.state is not None:
             if state is None:
                 raise ValueError('pi0 needs the normalised state')

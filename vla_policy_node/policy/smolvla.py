@@ -216,12 +216,22 @@ class SmolVLAModel(MixedPrecisionPolicy):
         """[num_steps + 1, W] fp32: every step's time embedding, then t = 0's (layers.TimeEmbeddingTable)."""
         return self._time_table(num_steps, self.device)
 
+    def workspace_spec(self, context: PrefixContext) -> Tuple[Tuple[torch.Tensor, int], ...]:
+        """The workspaces the loop reads (fast_path.py): self K/V [.., P + 1 + H, D] (prefix ; state ; actions)
+        and the cross layers' K/V [.., P + 1, D'] (prefix ; state)."""
+        prefix_len = context.prefix_len
+        return ((context.kv, prefix_len + 1 + self.config.chunk_size), (context.extra[0], prefix_len + 1))
+
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None) -> SmolChunk:
-        """Everything fixed for one chunk; the stored ``context`` is only read (copied into workspaces)."""
+                    rtc: Optional[RTCSettings] = None,
+                    workspace: Optional[Tuple[torch.Tensor, ...]] = None) -> SmolChunk:
+        """Everything fixed for one chunk; the stored ``context`` is only read (copied into workspaces).
+
+        ``workspace``: caller-owned (self K/V, cross K/V) buffers as ``workspace_spec`` describes them, whose
+        prefix parts already hold the entry (vla_policy_node/fast_path.py): nothing is allocated or copied."""
         cfg = self.config
         num_steps = check_chunk_inputs(cfg, context, noise, num_steps)
         if state is None or tuple(state.shape) != (context.batch_size, cfg.max_state_dim):
@@ -229,12 +239,15 @@ class SmolVLAModel(MixedPrecisionPolicy):
         pad, horizon = context.pad_mask, cfg.chunk_size
         batch, prefix_len = pad.shape
         kv = context.kv
-        self_kv = kv.new_empty(*kv.shape[:4], prefix_len + 1 + horizon, kv.shape[-1])
-        self_kv[..., :prefix_len, :] = kv
-        self.state_pass(context, state, self_kv)
         cached_cross = context.extra[0]
-        cross_kv = cached_cross.new_empty(*cached_cross.shape[:4], prefix_len + 1, cached_cross.shape[-1])
-        cross_kv[..., :prefix_len, :] = cached_cross
+        if workspace is None:
+            self_kv = kv.new_empty(*kv.shape[:4], prefix_len + 1 + horizon, kv.shape[-1])
+            self_kv[..., :prefix_len, :] = kv
+            cross_kv = cached_cross.new_empty(*cached_cross.shape[:4], prefix_len + 1, cached_cross.shape[-1])
+            cross_kv[..., :prefix_len, :] = cached_cross
+        else:
+            self_kv, cross_kv = workspace
+        self.state_pass(context, state, self_kv)
         for vlm_index, expert_index, cross in self._plan:
             if cross is not None:                      # the state token's K/V through this cross layer's k/v_proj
                 state_k = self_kv[vlm_index, 0, :, :, prefix_len:prefix_len + 1]

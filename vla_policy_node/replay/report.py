@@ -133,6 +133,8 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
                   'entry_bytes': runtime.describe().get('cache_entry_bytes'),
                   'rejected_oversize': cache.rejected_oversize if cache else 0},
         'latency_ms': stats.latency_summary(),
+        'latency_clock': stats.snapshot().timings_clock,   # 'cuda_events' (GPU-true) or 'host'
+        'fast_path': runtime.fast_path_summary() if hasattr(runtime, 'fast_path_summary') else {},
         'simulated_latency_ms': latency_ms,
         'chunking': values['chunking'],
         'chunks_continued': sum(1 for r in result.records if r.continued),

@@ -122,6 +122,8 @@ def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
     pairs += [(f'skipped_{reason}', count) for reason, count in sorted(stats.skipped.items())]
     if stats.last_skip is not None:
         pairs.append(('last_skip', f'[{stats.last_skip.reason}] {stats.last_skip}'))
+    if stats.timings_clock:
+        pairs.append(('latency_clock', stats.timings_clock))
     for stage, summary in stats.latency.items():
         pairs += [(f'latency_{stage}_p50_ms', summary['p50']), (f'latency_{stage}_p95_ms', summary['p95'])]
     pairs += [('chunks_continued', stats.continued), ('inference_delay_actions', stats.delay)]

@@ -1,0 +1,256 @@
+"""bf16 accuracy on a deep model: ours and lerobot's bf16 recipe against fp32, per stage and per layer.
+
+    python bench/bf16_accuracy.py                      # gemma_300m x 2 streams, 18 layers, 2 cameras, 10 steps
+    python bench/bf16_accuracy.py --depth 6 --seeds 1  # quicker
+
+The model is pi0 (or --type pi05) with gemma_300m-sized language and expert streams (width 1024, 18
+layers, 8 heads, 1 kv head, head dim 256) and a small SigLIP (the vision path runs in fp32 in both
+recipes, so its size does not enter the bf16 error). Random weights at 1/sqrt(fan_in), norms N(0, 0.1),
+the same inputs and noise for every variant. "recipe" is test_model_parity.ref_sample_actions on the
+bf16-cast model (lerobot 7427f318: bf16 scores rounded before an fp32 softmax, RoPE on bf16 tables, the
+residual stream in bf16). Prints:
+
+- actions |bf16 - fp32| max / mean for ours and the recipe, and the ratio ours / recipe;
+- the prefix K/V error per layer (ours, recipe), the expert's hidden-state error per layer at step 0;
+- ablations: each stage of ours switched to another precision, with the action error it gives.
+
+Not a test: nothing is asserted. CPU, torch on --threads threads.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Tuple
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / 'test'):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from vla_policy_node.policy import gemma, layers  # noqa: E402
+from vla_policy_node.policy.config import GEMMA_VARIANTS, VisionSize, preset  # noqa: E402
+from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
+import test_model_parity as parity  # noqa: E402  (test/ is on sys.path)
+
+SMALL_VISION = VisionSize(width=128, depth=1, mlp_dim=256, num_heads=2, patch_size=14)
+
+
+def deep_config(policy_type: str, depth: int, cameras: int, width_scale: int = 1):
+    size = GEMMA_VARIANTS['gemma_300m']
+    size = dataclasses.replace(size, depth=depth, width=size.width // width_scale,
+                               mlp_dim=size.mlp_dim // width_scale)
+    names = ('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb')[:cameras]
+    return preset(policy_type, policy_type=policy_type, vision=SMALL_VISION, language=size, expert=size,
+                  vocab_size=4096, camera_names=names)
+
+
+def randomize(model: torch.nn.Module, seed: int, init: str = 'scaled') -> None:
+    """'scaled': weights at 1/sqrt(fan_in) (activations of order one at every depth), biases N(0, 0.02), norms
+    N(0, 0.1). 'lerobot': a freshly initialised lerobot model (weights N(0, 0.02), norms and biases 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if init == 'lerobot':
+                if param.dim() >= 2:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+                else:
+                    param.zero_()
+            elif param.dim() >= 2:
+                fan_in = param[0].numel() if 'embed' not in name else 1
+                param.copy_(torch.randn(param.shape, generator=generator) / fan_in ** 0.5)
+            elif 'norm' in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+
+
+def inputs(config, seed: int):
+    """One sample: every camera present, a 20-token prompt (the rest padding), state and noise."""
+    images, image_masks, tokens, token_masks, state, noise = parity.model_inputs(config, batch=2, seed=seed)
+    image_masks[:] = True
+    images = torch.rand(images.shape, generator=torch.Generator().manual_seed(seed + 100)) * 2 - 1
+    token_masks[:, :20] = True
+    token_masks[:, 20:] = False
+    tokens[~token_masks] = 0
+    return images[:1], image_masks[:1], tokens[:1], token_masks[:1], state[:1], noise[:1]
+
+
+def error(a: torch.Tensor, b: torch.Tensor) -> Tuple[float, float]:
+    diff = (a.double() - b.double()).abs()
+    return float(diff.max()), float(diff.mean())
+
+
+# ---- stage variants of ours (monkeypatched for the ablation only) -------------------------------------------
+
+def _attention_recipe(q, k, v, folded_mask):
+    """bf16 scores, fp32 softmax rounded to bf16, bf16 probs @ v (lerobot eager attention)."""
+    batch, heads, seq, dim = q.shape
+    kv_heads = k.shape[1]
+    qf = q.reshape(batch, kv_heads, (heads // kv_heads) * seq, dim)
+    scores = (qf @ k.transpose(-1, -2)) * dim ** -0.5
+    if folded_mask is not None:
+        scores = scores + folded_mask.float()
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    return (probs @ v).reshape(batch, heads, seq, dim)
+
+
+def _attention_fp32(q, k, v, folded_mask):
+    out = ORIGINAL['attention'](q.float(), k.float(), v.float(),
+                                None if folded_mask is None else folded_mask.float())
+    return out.to(q.dtype)
+
+
+def _rope_bf16(x, cos, sin):
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * c + torch.cat([-x2, x1], dim=-1) * s
+
+
+ORIGINAL = {'attention': layers.grouped_query_attention, 'rope': layers.apply_rope}
+
+
+@contextlib.contextmanager
+def patched(attention: Callable = None, rope: Callable = None, residual_fp32: bool = True) -> Iterator[None]:
+    default = gemma.GemmaStack.residual_fp32
+    try:
+        if attention is not None:
+            gemma.grouped_query_attention = attention
+        if rope is not None:
+            gemma.apply_rope = rope
+        gemma.GemmaStack.residual_fp32 = residual_fp32
+        yield
+    finally:
+        gemma.grouped_query_attention = ORIGINAL['attention']
+        gemma.apply_rope = ORIGINAL['rope']
+        gemma.GemmaStack.residual_fp32 = default
+
+
+# 'ours' is the current code; 'before' is it with the residual stream rounded to bf16 after every add, as
+# before the fix (and as lerobot does). The others switch one stage of 'ours' to another precision.
+VARIANTS: Dict[str, Dict[str, object]] = {
+    'ours': {},
+    'before (bf16 residual stream)': {'residual_fp32': False},
+    'before, attention as the recipe': {'residual_fp32': False, 'attention': _attention_recipe},
+    'before, attention in fp32': {'residual_fp32': False, 'attention': _attention_fp32},
+    'before, RoPE on bf16 tables': {'residual_fp32': False, 'rope': _rope_bf16},
+}
+
+
+# ---- per layer -----------------------------------------------------------------------------------------------
+
+def expert_hidden_per_layer(model: PiZeroModel, context, state, noise) -> List[torch.Tensor]:
+    """The expert's hidden states after each layer at step 0 (forward hooks on our path)."""
+    outputs: List[torch.Tensor] = []
+    handles = [layer.register_forward_hook(lambda _m, _i, out: outputs.append(out.float().clone()))
+               for layer in model._expert.layers]
+    try:
+        model.denoise(context, state, noise, 1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    depth = len(model._expert.layers)
+    return outputs[-depth:]     # pi0: the state token's pass comes first
+
+
+def fixed_stages(model: PiZeroModel, state: torch.Tensor, steps: int) -> Dict[str, torch.Tensor]:
+    """The stages outside the two Gemma stacks: time terms (pi0: the time half of the action-time MLP; pi0.5:
+    the adaptive-norm condition) and pi0's state projection, as the loop uses them."""
+    stages = {'time terms': model._time_terms(steps).float().clone()}
+    if hasattr(model, 'state_proj'):
+        stages['state projection'] = model.state_proj(state.float()).float().clone()
+    return stages
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--type', default='pi0', choices=('pi0', 'pi05'))
+    parser.add_argument('--depth', type=int, default=18)
+    parser.add_argument('--cameras', type=int, default=2)
+    parser.add_argument('--steps', type=int, default=10)
+    parser.add_argument('--seeds', type=int, default=2, help='random models (errors summed over them)')
+    parser.add_argument('--width-scale', type=int, default=1, help='divide the stream widths (CPU time only)')
+    parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--init', default='scaled', choices=('scaled', 'lerobot'),
+                        help='random weights (see randomize)')
+    parser.add_argument('--no-recipe', action='store_true', help='skip the recipe (it recomputes the prefix '
+                        'every step)')
+    parser.add_argument('--per-layer', action='store_true', help='print the per-layer tables')
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = deep_config(args.type, args.depth, args.cameras, args.width_scale)
+    print(f'{args.type}: 2 x gemma_300m-sized streams (width {config.language.width}, {config.language.depth} '
+          f'layers), {args.cameras} cameras, prefix {config.prefix_len} tokens, {args.steps} steps, '
+          f'{args.seeds} model(s), torch {torch.__version__}')
+    totals: Dict[str, List[float]] = {}
+    for seed in range(args.seeds):
+        started = time.perf_counter()
+        torch.manual_seed(0)
+        model = PiZeroModel(config).eval()
+        randomize(model, seed, args.init)
+        images, image_masks, tokens, token_masks, state, noise = inputs(config, seed)
+        prefix_inputs = (images, image_masks, tokens, token_masks)
+        recipe = not args.no_recipe
+        with torch.no_grad():
+            context32 = model.fill_prefix(*prefix_inputs)
+            fp32 = model.denoise(context32, state, noise, args.steps)
+            if args.per_layer:
+                hidden32 = expert_hidden_per_layer(model, context32, state, noise)
+                recipe32: List[Tuple[torch.Tensor, ...]] = []
+                if recipe:
+                    parity.ref_sample_actions(model, *prefix_inputs, state, noise, 1, record=recipe32)
+            fp32_stages = fixed_stages(model, state, args.steps)
+            model.set_compute_dtype(torch.bfloat16)
+            bf16_stages = fixed_stages(model, state, args.steps)
+            print(f'  seed {seed}: stages kept in fp32 under bf16, max |bf16 - fp32| (both recipes alike): '
+                  + ', '.join(f'{name} {error(bf16_stages[name], fp32_stages[name])[0]:.1e}' for name in fp32_stages)
+                  + '; the Euler update x + dt v runs in fp32')
+            results = {}
+            for name, patches in VARIANTS.items():
+                with patched(**patches):
+                    context = model.fill_prefix(*prefix_inputs)
+                    results[name] = model.denoise(context, state, noise, args.steps)
+                    if args.per_layer and name in ('ours', 'before (bf16 residual stream)'):
+                        hidden = expert_hidden_per_layer(model, context, state, noise)
+                        print(f'  seed {seed}, {name}: prefix K/V and step-0 expert hidden per layer, '
+                              'mean |bf16 - fp32|')
+                        for i in range(config.language.depth):
+                            print(f'    layer {i:2d}: K {error(context.kv[i, 0], context32.kv[i, 0])[1]:.2e} '
+                                  f'V {error(context.kv[i, 1], context32.kv[i, 1])[1]:.2e} '
+                                  f'hidden {error(hidden[i], hidden32[i])[1]:.2e}')
+            if recipe:
+                if args.per_layer:
+                    recorded: List[Tuple[torch.Tensor, ...]] = []
+                    parity.ref_sample_actions(model, *prefix_inputs, state, noise, 1, record=recorded)
+                    prefix = context32.prefix_len
+                    print(f'  seed {seed}, recipe: prefix K/V and step-0 expert hidden per layer, mean |bf16 - fp32|')
+                    for i, (got, want) in enumerate(zip(recorded, recipe32)):
+                        print(f'    layer {i:2d}: K {error(got[0][..., :prefix, :], want[0][..., :prefix, :])[1]:.2e} '
+                              f'V {error(got[1][..., :prefix, :], want[1][..., :prefix, :])[1]:.2e} '
+                              f'hidden {error(got[2], want[2])[1]:.2e}')
+                results['recipe'] = parity.ref_sample_actions(model, *prefix_inputs, state, noise, args.steps)
+        line = []
+        for name, actions in results.items():
+            e_max, e_mean = error(actions, fp32)
+            totals.setdefault(name, [0.0, 0.0])
+            totals[name][0] += e_max
+            totals[name][1] += e_mean
+            line.append(f'{name} {e_max:.4f}/{e_mean:.5f}')
+        print(f'  seed {seed} ({time.perf_counter() - started:.0f} s): ' + ', '.join(line))
+    print(f'\nactions |bf16 - fp32|, max / mean summed over {args.seeds} model(s):')
+    base = totals.get('recipe')
+    for name, (e_max, e_mean) in totals.items():
+        ratio = f'   / recipe = {e_max / base[0]:.2f}x max, {e_mean / base[1]:.2f}x mean' if base else ''
+        print(f'  {name:34} {e_max:.4f} / {e_mean:.5f}{ratio if name != "recipe" else ""}')
+    ours, before = totals['ours'], totals['before (bf16 residual stream)']
+    print(f'  ours / before = {ours[0] / before[0]:.2f}x max, {ours[1] / before[1]:.2f}x mean')
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

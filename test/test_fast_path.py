@@ -1,0 +1,400 @@
+"""The fast path without a GPU (fast_path.py): the static-workspace denoise, the code a CUDA graph replays, run
+eagerly, is bit-identical to today's denoise; no stale K/V across entries; graph-cache bounds; replay logic
+with a stand-in capturer; prompt buckets; cuda_graphs refused without CUDA; the stage timer's clocks."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from runtime_fixtures import make_observation, tiny_checkpoint, tiny_checkpoints  # noqa: F401
+from vla_policy_node import runtime as runtime_module
+from vla_policy_node.fast_path import (CapturedGraph, EntryToken, FastPathError, GraphCache, PrefixGraphs,
+                                       StaticDenoiser, check_buckets, fit_to_bucket, prompt_bucket,
+                                       resolve_cuda_graphs, tree_copy_, tree_nbytes)
+from vla_policy_node.params import problems, resolve_values
+from vla_policy_node.policy.config import preset
+from vla_policy_node.policy.pi0 import PiZeroModel
+from vla_policy_node.policy.rtc import RTCSettings
+from vla_policy_node.policy.tiny_default import write_tiny_default
+from vla_policy_node.runtime import PolicyRuntime
+
+PROMPT = 12
+
+
+def tiny_model(policy_type: str) -> PiZeroModel:
+    config = preset('tiny', policy_type=policy_type, tokenizer_max_length=PROMPT, chunk_size=6, n_action_steps=6,
+                    rtc_training_max_delay=3)
+    model = PiZeroModel(config).eval()
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.15)
+    return model
+
+
+def prefix_inputs(config, seed: int, valid_tokens: int = 7, length: int = PROMPT):
+    generator = torch.Generator().manual_seed(seed)
+    height, width = config.image_resolution
+    cameras = len(config.all_camera_names)
+    images = torch.rand(1, cameras, 3, height, width, generator=generator) * 2 - 1
+    image_masks = torch.ones(1, cameras, dtype=torch.bool)
+    image_masks[0, -1] = False
+    tokens = torch.randint(3, config.vocab_size, (1, length), generator=generator)
+    token_masks = torch.zeros(1, length, dtype=torch.bool)
+    token_masks[0, :valid_tokens] = True
+    tokens[~token_masks] = 0
+    return images, image_masks, tokens, token_masks
+
+
+def chunk_inputs(config, seed: int):
+    generator = torch.Generator().manual_seed(100 + seed)
+    state = torch.randn(1, config.max_state_dim, generator=generator)
+    noise = torch.randn(1, config.chunk_size, config.max_action_dim, generator=generator)
+    leftover = torch.randn(4, config.action_dim, generator=generator)
+    return state, noise, leftover
+
+
+CONTINUATIONS = {
+    'plain': {},
+    'guided': dict(inference_delay=2, rtc=RTCSettings(mode='guided', execution_horizon=4)),
+    'trained': dict(inference_delay=2, rtc=RTCSettings(mode='trained')),
+}
+
+
+def continuation(kind: str, leftover: torch.Tensor):
+    extra = dict(CONTINUATIONS[kind])
+    if extra:
+        extra['prev_chunk_left_over'] = leftover
+    return extra
+
+
+class ReplayByRerun:
+    """A stand-in for CUDA graph capture on the CPU: a replay recomputes from the static inputs only and writes
+    into the captured output, so an input the fast path forgot to copy in shows as a stale result."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.captured = 0
+
+    def capture(self, fn, inputs):
+        if self.fail:
+            raise RuntimeError('operation not permitted when stream is capturing')
+        self.captured += 1
+        output = fn(inputs)
+
+        class Graph:
+            @staticmethod
+            def replay():
+                tree_copy_(output, fn(inputs))
+
+        return CapturedGraph(Graph(), inputs, output, tree_nbytes(inputs))
+
+
+@pytest.fixture(scope='module', params=['pi0', 'pi05'])
+def model(request):
+    return tiny_model(request.param)
+
+
+# ---- the static workspace, eagerly: bit-identical to today's path --------------------------------------
+
+@pytest.mark.parametrize('kind', list(CONTINUATIONS))
+@pytest.mark.parametrize('valid_tokens, bucket', [(7, PROMPT), (7, 8), (3, 4)])
+def test_static_workspace_is_bit_identical_to_the_denoise(model, kind, valid_tokens, bucket):
+    config = model.config
+    images, image_masks, tokens, token_masks = prefix_inputs(config, 0, valid_tokens)
+    ids, mask = fit_to_bucket(tokens[0].numpy(), token_masks[0].numpy(), check_buckets([bucket], PROMPT))
+    assert len(ids) == bucket
+    with torch.no_grad():
+        context = model.fill_prefix(images, image_masks, torch.from_numpy(ids)[None], torch.from_numpy(mask)[None])
+    kv = context.kv.clone()
+    state, noise, leftover = chunk_inputs(config, 0)
+    fast = StaticDenoiser(model, family_name=config.policy_type, graphs=False)
+    expected = model.denoise(context, state, noise, 3, **continuation(kind, leftover))
+    got = fast.denoise(context, EntryToken('a', 1), state, noise, 3, **continuation(kind, leftover))
+    assert torch.equal(got, expected)
+    assert torch.equal(context.kv, kv), 'the entry must never be written'
+    # The same entry again: no copy, same actions.
+    again = fast.denoise(context, EntryToken('a', 1), state, noise, 3, **continuation(kind, leftover))
+    assert torch.equal(again, expected) and fast.describe()['workspace_copies'] == 1
+
+
+def test_a_bucket_changes_the_actions_by_rounding_only(model):
+    """Masked padding is invisible: a prompt fitted to a smaller bucket gives the unpadded result up to fp32
+    rounding (the max difference is what bench/gpu_checks.py reports on the GPU)."""
+    config = model.config
+    images, image_masks, tokens, token_masks = prefix_inputs(config, 1, valid_tokens=5)
+    state, noise, _ = chunk_inputs(config, 1)
+    results = []
+    for bucket in (PROMPT, 8, 5):
+        ids, mask = fit_to_bucket(tokens[0].numpy(), token_masks[0].numpy(), check_buckets([bucket], PROMPT))
+        with torch.no_grad():
+            context = model.fill_prefix(images, image_masks, torch.from_numpy(ids)[None],
+                                        torch.from_numpy(mask)[None])
+        results.append(model.denoise(context, state, noise, 3))
+    assert (results[0] - noise).abs().max() > 0.1
+    for other in results[1:]:
+        assert (other - results[0]).abs().max() < 1e-5
+
+
+def test_alternating_entries_through_the_workspace_give_fresh_results(model):
+    config = model.config
+    state, noise, _ = chunk_inputs(config, 2)
+    contexts = {}
+    with torch.no_grad():
+        for name, seed in (('A', 3), ('B', 4)):
+            contexts[name] = model.fill_prefix(*prefix_inputs(config, seed))
+    fresh = {name: model.denoise(context, state, noise, 3) for name, context in contexts.items()}
+    assert not torch.equal(fresh['A'], fresh['B'])
+    fast = StaticDenoiser(model, family_name=config.policy_type, graphs=False)
+    tokens = {'A': EntryToken('key-a', 1), 'B': EntryToken('key-b', 2)}
+    for name in ('A', 'B', 'A', 'A', 'B'):
+        assert torch.equal(fast.denoise(contexts[name], tokens[name], state, noise, 3), fresh[name]), name
+    assert fast.describe()['workspace_copies'] == 4
+    # The token decides, never the object: B under A's token, right after A, is (wrongly) served A's K/V. That
+    # is the stale result the tokens exist to prevent, and what this test would see if the copy-in were skipped.
+    assert torch.equal(fast.denoise(contexts['A'], tokens['A'], state, noise, 3), fresh['A'])
+    stale = fast.denoise(contexts['B'], tokens['A'], state, noise, 3)
+    assert not torch.equal(stale, fresh['B'])
+    # A recomputed entry under the same key has a new generation: copied again.
+    assert torch.equal(fast.denoise(contexts['B'], EntryToken('key-a', 3), state, noise, 3), fresh['B'])
+
+
+# ---- graphs, with a stand-in capturer -----------------------------------------------------------------
+
+@pytest.mark.parametrize('kind', list(CONTINUATIONS))
+def test_graph_replays_give_the_eager_results(model, kind):
+    config = model.config
+    capturer = ReplayByRerun()
+    fast = StaticDenoiser(model, family_name=config.policy_type, graphs=True, capturer=capturer)
+    with torch.no_grad():
+        contexts = [model.fill_prefix(*prefix_inputs(config, seed)) for seed in (5, 6)]
+    for i, (c, seed) in enumerate([(0, 0), (1, 1), (0, 2), (1, 3)]):
+        state, noise, leftover = chunk_inputs(config, seed)
+        expected = model.denoise(contexts[c], state, noise, 3, **continuation(kind, leftover))
+        got = fast.denoise(contexts[c], EntryToken(str(c), c), state, noise, 3, **continuation(kind, leftover))
+        assert torch.equal(got, expected), f'chunk {i}'
+    assert capturer.captured == 1 and fast.replays == 4 and fast.eager_runs == 0
+    # Another step count is another graph.
+    state, noise, leftover = chunk_inputs(config, 9)
+    fast.denoise(contexts[0], EntryToken('0', 0), state, noise, 2, **continuation(kind, leftover))
+    assert capturer.captured == 2 and len(fast.cache) == 2
+
+
+def test_a_graph_per_chunking_mode(model):
+    config = model.config
+    capturer = ReplayByRerun()
+    fast = StaticDenoiser(model, family_name=config.policy_type, graphs=True, capturer=capturer)
+    with torch.no_grad():
+        context = model.fill_prefix(*prefix_inputs(config, 7))
+    state, noise, leftover = chunk_inputs(config, 7)
+    for kind in CONTINUATIONS:
+        fast.denoise(context, EntryToken('c', 1), state, noise, 3, **continuation(kind, leftover))
+    assert capturer.captured == 3 and len(fast.cache) == 3
+
+
+def test_a_failed_capture_logs_once_and_that_shape_stays_eager(model, caplog):
+    config = model.config
+    fast = StaticDenoiser(model, family_name=config.policy_type, graphs=True, capturer=ReplayByRerun(fail=True))
+    with torch.no_grad():
+        context = model.fill_prefix(*prefix_inputs(config, 8))
+    state, noise, _ = chunk_inputs(config, 8)
+    expected = model.denoise(context, state, noise, 3)
+    with caplog.at_level(logging.WARNING, logger='vla_policy_node.fast_path'):
+        for _ in range(3):
+            assert torch.equal(fast.denoise(context, EntryToken('c', 1), state, noise, 3), expected)
+    assert len([r for r in caplog.records if 'capture' in r.getMessage()]) == 1
+    assert fast.eager_runs == 3 and fast.describe()['graph_capture_failures'] == 1
+    strict = StaticDenoiser(model, family_name=config.policy_type, graphs=True, strict=True,
+                            capturer=ReplayByRerun(fail=True))
+    with pytest.raises(FastPathError, match='capture failed'):
+        strict.denoise(context, EntryToken('c', 1), state, noise, 3)
+
+
+def test_prefix_graph_output_is_copied_into_a_fresh_context(model):
+    config = model.config
+    graphs = PrefixGraphs(model, graphs=True, capturer=ReplayByRerun())
+    first_inputs, second_inputs = prefix_inputs(config, 9), prefix_inputs(config, 10)
+    with torch.no_grad():
+        expected = [model.fill_prefix(*first_inputs), model.fill_prefix(*second_inputs)]
+        first = graphs.fill_prefix(*first_inputs)
+        first_kv = first.kv.clone()
+        second = graphs.fill_prefix(*second_inputs)
+    assert torch.equal(first.kv, expected[0].kv) and torch.equal(second.kv, expected[1].kv)
+    assert torch.equal(first.kv, first_kv), 'a later replay must not overwrite an earlier entry'
+    assert torch.equal(first.pad_mask, expected[0].pad_mask)
+    assert len(graphs.cache) == 1
+
+
+def test_graph_cache_bounds_hold():
+    def entry(nbytes):
+        return CapturedGraph(graph=None, inputs=None, output=None, nbytes=nbytes)
+
+    cache = GraphCache(max_graphs=2, max_bytes=100)
+    assert cache.put('a', entry(10)) and cache.put('b', entry(10))
+    cache.get('a')                                   # 'b' is now the least recently used
+    cache.put('c', entry(10))
+    assert cache.keys() == ['a', 'c'] and cache.evictions == 1
+    cache.put('d', entry(85))                        # bytes: evicts from the LRU end until it fits
+    assert cache.keys() == ['c', 'd'] and cache.bytes == 95 and cache.evictions == 2
+    assert not cache.put('e', entry(101)) and cache.keys() == ['c', 'd']
+    assert not GraphCache(max_graphs=0).put('a', entry(1))
+    with pytest.raises(ValueError):
+        GraphCache(max_graphs=-1)
+
+
+# ---- buckets ------------------------------------------------------------------------------------------
+
+def test_prompt_buckets():
+    assert check_buckets(None, 48) == (48,)
+    assert check_buckets([32, 16, 32], 48) == (16, 32, 48)
+    with pytest.raises(ValueError):
+        check_buckets([0], 48)
+    with pytest.raises(ValueError):
+        check_buckets([64], 48)
+    assert [prompt_bucket(n, (16, 32, 48)) for n in (1, 16, 17, 48)] == [16, 16, 32, 48]
+    ids, mask = np.arange(10), np.arange(10) < 6
+    short, short_mask = fit_to_bucket(ids, mask, (8, 10))
+    assert short.tolist() == list(range(8)) and short_mask.sum() == 6
+    assert fit_to_bucket(ids, mask, (10,))[0] is ids
+    with pytest.raises(ValueError):
+        fit_to_bucket(ids, ~mask, (4, 10))           # not right-padded
+
+
+# ---- the runtime --------------------------------------------------------------------------------------
+
+def test_cuda_graphs_on_is_refused_without_cuda(tiny_checkpoint):  # noqa: F811
+    with pytest.raises(FastPathError, match='CUDA graphs need a CUDA device'):
+        resolve_cuda_graphs('on', torch.device('cpu'))
+    assert resolve_cuda_graphs('auto', torch.device('cpu')) is False
+    assert resolve_cuda_graphs('off', torch.device('cpu')) is False
+    with pytest.raises(ValueError):
+        resolve_cuda_graphs('yes', torch.device('cpu'))
+    with pytest.raises(FastPathError, match='cuda_graphs is "on"'):
+        PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32', cuda_graphs='on')
+    values = resolve_values({'joint_names': [f'j{i}' for i in range(6)], 'cuda_graphs': 'sometimes'})
+    assert any('cuda_graphs' in problem for problem in problems(values))
+    assert resolve_values({})['cuda_graphs'] == 'off'
+
+
+FAMILIES = ('pi0', 'pi05', 'smolvla')
+
+
+@pytest.fixture(scope='module')
+def family_checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp('fast_path_checkpoints')
+    return {kind: write_tiny_default(root / kind, kind) for kind in FAMILIES}
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+@pytest.mark.parametrize('graphs', [False, True], ids=['eager', 'replayed'])
+def test_every_family_through_the_fast_path_gives_the_plain_actions(family_checkpoints, family, graphs):
+    """Static workspace (eager, and replayed through the stand-in capturer) == the plain path, bit for bit,
+    entries A, B, A, B, plain and RTC; hit == miss; a prompt bucket only rounds differently."""
+    folder = family_checkpoints[family]
+    plain = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32')
+    fast = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32', static_workspace=True)
+    if graphs:
+        fast._fast.graphs = True
+        fast._fast.capturer = ReplayByRerun()
+    obs, other = make_observation(), make_observation(instruction='put the cube in the box')
+    longest = max(int(plain._prepare(o).token_mask.sum()) for o in (obs, other))
+    bucketed = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32', static_workspace=True,
+                                             prompt_buckets=[longest + 1])
+    leftover = np.linspace(-0.5, 0.5, 4 * plain.config.action_dim).reshape(4, -1)
+    rtc = dict(prev_actions=leftover, inference_delay=1, rtc=RTCSettings())
+    for extra in ({}, rtc):
+        expected = {name: plain.infer(o, seed=1, **extra).actions for name, o in (('A', obs), ('B', other))}
+        assert not np.array_equal(expected['A'], expected['B'])
+        for runtime in (fast, bucketed):
+            runtime.cache.clear()
+            for name, o in (('A', obs), ('B', other), ('A', obs), ('B', other)):
+                chunk = runtime.infer(o, seed=1, **extra)
+                if runtime is fast:
+                    assert np.array_equal(chunk.actions, expected[name]), name
+                else:
+                    assert np.abs(chunk.actions - expected[name]).max() < 1e-4
+            miss = runtime.infer(obs, seed=2, use_cache=False, **extra)
+            hit = runtime.infer(obs, seed=2, **extra)
+            assert hit.cache_hit and np.array_equal(hit.actions, miss.actions)
+    assert bucketed.cache.get(bucketed.prefix_key(obs)).prefix_len < plain.config.prefix_len
+    summary = fast.fast_path_summary()
+    assert summary['cuda_graphs'] is graphs
+    assert summary['graph_replays'] > 0 if graphs else summary['graph_replays'] == 0
+    copies = summary['workspace_copies']
+    for seed in range(3):
+        fast.infer(other, seed=seed)
+    assert fast.fast_path_summary()['workspace_copies'] == copies + 1, 'hits on the resident entry copy nothing'
+
+
+# ---- the stage timer ----------------------------------------------------------------------------------
+
+def test_cpu_chunks_say_their_timings_are_host_timers(tiny_checkpoint):  # noqa: F811
+    runtime = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32')
+    chunk = runtime.infer(make_observation(), seed=0)
+    assert chunk.timings_clock == 'host' and chunk.timings_ms['denoise'] > 0
+
+
+def test_the_cuda_timer_sums_event_intervals_per_stage(monkeypatch):
+    clock = {'now': 0.0}
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            clock['now'] += 1.5
+            self.at = clock['now']
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    monkeypatch.setattr(runtime_module.torch.cuda, 'Event', FakeEvent)
+    timer = runtime_module._StageTimer(torch.device('cuda'))
+    timer.start('hash')
+    timer.start('denoise')       # stops 'hash'
+    timer.stop()
+    timer.start('denoise')
+    ms = timer.ms
+    assert timer.clock == 'cuda_events'
+    assert ms == {'hash': 1.5, 'preprocess': 0.0, 'prefix': 0.0, 'denoise': 3.0}
+
+
+def test_diagnostics_label_the_clock_and_show_the_fast_path(tiny_checkpoint):  # noqa: F811
+    pytest.importorskip('diagnostic_msgs')
+    from vla_policy_node.ros.diagnostics import PolicyReport, diagnostics_msg
+    from vla_policy_node.tick import TickStats
+    runtime = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32', static_workspace=True)
+    stats = TickStats()
+
+    class Outcome:
+        skip = plan = handover = None
+        chunk = runtime.infer(make_observation(), seed=0)
+        delay = 0
+
+    stats.record(Outcome())
+    report = PolicyReport(name='policy', lifecycle='active', configure_error='', new_skips=0,
+                          stats=stats.snapshot()).with_runtime(runtime)
+    values = {pair.key: pair.value for pair in diagnostics_msg(0, report).status[0].values}
+    assert values['latency_clock'] == 'host'
+    assert values['cuda_graphs_mode'] == 'off' and values['workspace_copies'] == '1'
+
+
+def test_under_on_a_capture_failure_fails_the_warmup_but_never_a_tick(tiny_checkpoint):  # noqa: F811
+    runtime = PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32', static_workspace=True)
+    runtime.cuda_graphs = 'on'                           # as on a CUDA machine; the capturer stands in for CUDA
+    runtime._fast.graphs = True
+    runtime._fast.capturer = ReplayByRerun(fail=True)
+    with pytest.raises(FastPathError, match='capture failed'):
+        runtime.warmup()
+    chunk = runtime.infer(make_observation(), seed=0)    # after configure: eager fallback, logged
+    assert chunk.actions.shape == (runtime.config.chunk_size, runtime.config.action_dim)
+    assert runtime.fast_path_summary()['graph_capture_failures'] == 1
+    # A working capture: warm-up captures the plain and the guided-RTC denoise graphs.
+    runtime._fast = StaticDenoiser(runtime._fast.family, family_name='pi', graphs=True, capturer=ReplayByRerun())
+    runtime.warmup()
+    assert runtime._fast.captures == 2

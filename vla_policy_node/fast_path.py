@@ -1,0 +1,451 @@
+"""The GPU fast path: a static K/V workspace, the whole denoise loop as one CUDA graph, the prefix as a
+graph, prompt-length buckets. Runtime-side and family-agnostic.
+
+A family supplies three calls (policy/pi0.py, policy/smolvla.py; the seam in SEAM.md section 1):
+
+    workspace_spec(context) -> ((prefix tensor [.., P, D], full length), ...)
+        the K/V workspaces its loop reads: each is the prefix tensor of the entry (pi0: the K/V; SmolVLA:
+        the K/V and the cross layers' projected K/V) extended along the token axis to the full length.
+    chunk_setup(context, state, noise, num_steps, *, rtc keywords, workspace=buffers) -> chunk
+        per chunk, eager: the state part of the K/V workspace, the suffix layout, the time terms, the RTC
+        guide. ``workspace`` are buffers this module owns whose prefix parts already hold the entry's.
+    euler_loop(chunk) -> actions [B, H, A] fp32
+        every Euler step (and the closed-form RTC guidance) from the chunk's tensors only: no host sync,
+        no Python branch on a tensor value, so it can be captured as one CUDA graph.
+
+This module owns the buffers, the capture and the replay, one job each:
+
+- ``StaticWorkspace``: the K/V workspace at one prefix length (bucket) with its pad mask; the entry's
+  K/V is copied in only when the workspace does not already hold that entry, decided by an
+  ``EntryToken`` (cache key + generation counter), never by ``id()``.
+- ``tree_signature`` / ``tree_clone`` / ``tree_copy_``: a chunk (dataclasses, lists, tensors) as static
+  inputs: cloned once at capture, copied into on every replay (noise, state part, RTC leftover and weights).
+- ``GraphCache``: captured graphs, LRU, bounded by count and bytes.
+- ``StaticDenoiser``: the denoise through the workspace; ``graphs=False`` runs the very code a graph
+  replays eagerly (the CPU path and the tests), ``graphs=True`` captures one graph per (family,
+  cameras, bucket, num_steps, chunking mode, dtype) and replays it; a capture failure logs once and that
+  shape stays eager (``strict``: it raises instead, for ``cuda_graphs: on``).
+- ``PrefixGraphs``: fill_prefix as a graph per (cameras, bucket); every replay's output is copied into a
+  fresh context, so no cache entry is ever graph-owned memory.
+- ``prompt_bucket`` / ``fit_to_bucket``: the language tokens padded (masked) to the smallest bucket that
+  holds them; by default one bucket at tokenizer_max_length (what the tokenizer already pads to).
+
+Manual ``torch.cuda.graph`` capture (Jetson's aarch64 wheels ship without Triton); ``torch.compile`` of
+the loop is an option, off by default. Sources of the pattern: sglang's VLA cuda_graph.py (static
+context, digest-guarded copy-in), Dexmal realtime-vla (all steps in one graph); see
+../shared/reference/gpu-fast-path.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Set, Tuple
+
+import numpy as np
+import torch
+
+from .cache.context import PrefixContext
+
+LOG = logging.getLogger(__name__)
+
+CUDA_GRAPH_MODES = ('auto', 'on', 'off')
+DEFAULT_MAX_GRAPHS = 16
+DEFAULT_MAX_GRAPH_BYTES = 2 << 30
+
+
+class FastPathError(ValueError):
+    """The fast path was required (``cuda_graphs: on``) and cannot work here (a configure error)."""
+
+
+def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """'auto': graphs on a CUDA device; 'on': required (refused without CUDA); 'off': never."""
+    if mode not in CUDA_GRAPH_MODES:
+        raise ValueError(f'cuda_graphs must be one of {CUDA_GRAPH_MODES}, got {mode!r}')
+    if mode == 'on' and device.type != 'cuda':
+        raise FastPathError(f'cuda_graphs is "on", but the policy runs on {device.type}: CUDA graphs need a CUDA '
+                            'device. Use cuda_graphs "auto" (graphs only where CUDA is) or "off".')
+    return mode != 'off' and device.type == 'cuda'
+
+
+def denoise_program(policy: Any) -> Optional[Any]:
+    """What of a loaded family runs the static-workspace loop: the object offering ``workspace_spec``,
+    ``chunk_setup(..., workspace=)`` and ``euler_loop`` - the family itself or its model (pi0, pi0.5, SmolVLA)
+    - or None when the family offers no capturable denoise (it then runs eagerly)."""
+    for candidate in (policy, getattr(policy, 'model', None)):
+        if candidate is not None and all(callable(getattr(candidate, name, None))
+                                         for name in ('workspace_spec', 'chunk_setup', 'euler_loop')):
+            return candidate
+    return None
+
+
+# ---- prompt-length buckets ------------------------------------------------------------------------------
+
+def prompt_bucket(valid_tokens: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``valid_tokens`` (buckets ascending; the last is tokenizer_max_length)."""
+    for bucket in buckets:
+        if valid_tokens <= bucket:
+            return int(bucket)
+    return int(buckets[-1])
+
+
+def check_buckets(buckets: Optional[Sequence[int]], max_length: int) -> Tuple[int, ...]:
+    """Buckets ascending, unique, in (0, max_length], ending at max_length (added when missing)."""
+    values = sorted({int(b) for b in (buckets or ())} | {int(max_length)})
+    if values[0] < 1 or values[-1] > max_length:
+        raise ValueError(f'prompt buckets must be in [1, {max_length}] (tokenizer_max_length), got {list(buckets)}')
+    return tuple(values)
+
+
+def fit_to_bucket(tokens: np.ndarray, mask: np.ndarray, buckets: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids/mask [L] -> [bucket]: only masked padding is dropped (the valid tokens always fit)."""
+    valid = int(np.count_nonzero(mask))
+    bucket = prompt_bucket(valid, buckets)
+    if bucket >= len(tokens):
+        return tokens, mask
+    if mask[bucket:].any():
+        raise ValueError('the prompt mask is not right-padded')
+    return tokens[:bucket], mask[:bucket]
+
+
+# ---- chunk trees as static inputs ------------------------------------------------------------------------
+
+def tree_signature(obj: Any) -> Hashable:
+    """What a graph captured on ``obj`` depends on: structure, tensor shapes/dtypes/devices, plain values."""
+    if isinstance(obj, torch.Tensor):
+        return ('tensor', tuple(obj.shape), str(obj.dtype), str(obj.device))
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__,) + tuple(tree_signature(item) for item in obj)
+    if dataclasses.is_dataclass(obj):
+        fields = tuple((f.name, tree_signature(getattr(obj, f.name))) for f in dataclasses.fields(obj))
+        return (type(obj).__qualname__,) + fields
+    raise TypeError(f'cannot use a {type(obj).__name__} as a graph input')
+
+
+def tree_clone(obj: Any, keep: Tuple[torch.Tensor, ...] = ()) -> Any:
+    """A copy of ``obj`` with every tensor cloned (fresh storage), except the tensors in ``keep`` (by object)."""
+    if isinstance(obj, torch.Tensor):
+        return obj if any(obj is kept for kept in keep) else obj.clone()
+    if isinstance(obj, list):
+        return [tree_clone(item, keep) for item in obj]
+    if isinstance(obj, tuple):
+        return tuple(tree_clone(item, keep) for item in obj)
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.replace(obj, **{f.name: tree_clone(getattr(obj, f.name), keep)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def tree_copy_(dst: Any, src: Any) -> None:
+    """Copy every tensor of ``src`` into the same place of ``dst`` (same signature), in place."""
+    if isinstance(dst, torch.Tensor):
+        if dst is not src:
+            dst.copy_(src)
+    elif isinstance(dst, (list, tuple)):
+        for d, s in zip(dst, src):
+            tree_copy_(d, s)
+    elif dataclasses.is_dataclass(dst):
+        for f in dataclasses.fields(dst):
+            tree_copy_(getattr(dst, f.name), getattr(src, f.name))
+
+
+def tree_nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(tree_nbytes(item) for item in obj)
+    if dataclasses.is_dataclass(obj):
+        return sum(tree_nbytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return 0
+
+
+# ---- the static K/V workspace ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EntryToken:
+    """Which prefix a context is: its cache key (None for an uncached one) and the generation the runtime
+    gave it when fill_prefix made it. A recomputed entry under the same key gets a new generation."""
+
+    key: Optional[str]
+    generation: int
+
+
+class Generations:
+    """Generation numbers for contexts: a new one per fill_prefix result, remembered per cache key."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count(1)
+        self._by_key: Dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def new(self, key: Optional[str]) -> EntryToken:
+        with self._lock:
+            generation = next(self._counter)
+            if key is not None:
+                self._by_key[key] = generation
+            return EntryToken(key, generation)
+
+    def token(self, key: str) -> Optional[EntryToken]:
+        """The token of the entry stored under ``key`` (a hit), or None when this key was never filled here."""
+        with self._lock:
+            generation = self._by_key.get(key)
+        return None if generation is None else EntryToken(key, generation)
+
+    def forget_unless(self, alive: Callable[[str], bool]) -> None:
+        """Drop the keys for which ``alive`` is False (those no longer in the cache): bounds the table."""
+        with self._lock:
+            for key in [k for k in self._by_key if not alive(k)]:
+                del self._by_key[key]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_key)
+
+
+class StaticWorkspace:
+    """The K/V buffers a family's loop reads (``workspace_spec``) at one prefix length P (a bucket), with the
+    entry's pad mask [B, P].
+
+    ``load(context, token)`` copies the entry's prefix tensors and pad mask into the prefix parts unless the
+    workspace already holds that entry (same token). The rest of each buffer is the family's (state token,
+    action tokens), written per chunk or per step.
+    """
+
+    def __init__(self, spec: Sequence[Tuple[torch.Tensor, int]], pad_mask: torch.Tensor) -> None:
+        self.prefix_len = int(pad_mask.shape[1])
+        self.buffers: Tuple[torch.Tensor, ...] = tuple(
+            source.new_zeros(*source.shape[:-2], int(length), source.shape[-1]) for source, length in spec)
+        self.pad_mask = torch.zeros_like(pad_mask)
+        self.resident: Optional[EntryToken] = None
+        self.copies = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers) + self.pad_mask.numel()
+
+    def load(self, spec: Sequence[Tuple[torch.Tensor, int]], pad_mask: torch.Tensor, token: EntryToken) -> bool:
+        """Make the prefix parts hold the entry ``spec`` describes; returns whether a copy was needed."""
+        if self.resident == token:
+            return False
+        self.resident = None                     # a failed copy leaves nothing claimed
+        for buffer, (source, _) in zip(self.buffers, spec):
+            buffer[..., :source.shape[-2], :].copy_(source)
+        self.pad_mask.copy_(pad_mask)
+        self.resident = token
+        self.copies += 1
+        return True
+
+
+# ---- graph cache ----------------------------------------------------------------------------------------------
+
+@dataclass
+class CapturedGraph:
+    graph: Any                   # torch.cuda.CUDAGraph (or a stand-in with .replay() in tests)
+    inputs: Any                  # the static chunk / prefix inputs the graph reads
+    output: Any                  # graph-owned output tensor(s)
+    nbytes: int
+
+
+class GraphCache:
+    """Captured graphs in LRU order, bounded by ``max_graphs`` and ``max_bytes`` (a graph larger than the byte
+    budget is not kept). Evicted graphs are dropped (their memory pool goes back to the allocator)."""
+
+    def __init__(self, max_graphs: int = DEFAULT_MAX_GRAPHS, max_bytes: int = DEFAULT_MAX_GRAPH_BYTES) -> None:
+        if max_graphs < 0 or max_bytes < 0:
+            raise ValueError('graph cache bounds must be >= 0')
+        self.max_graphs, self.max_bytes = int(max_graphs), int(max_bytes)
+        self._entries: 'OrderedDict[Hashable, CapturedGraph]' = OrderedDict()
+        self.bytes = 0
+        self.evictions = 0
+
+    def get(self, key: Hashable) -> Optional[CapturedGraph]:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: Hashable, entry: CapturedGraph) -> bool:
+        if self.max_graphs == 0 or entry.nbytes > self.max_bytes:
+            return False
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.nbytes
+        self._entries[key] = entry
+        self.bytes += entry.nbytes
+        while len(self._entries) > self.max_graphs or self.bytes > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.bytes -= evicted.nbytes
+            self.evictions += 1
+        return True
+
+    def keys(self):
+        return list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# ---- capture ----------------------------------------------------------------------------------------------
+
+class GraphCapturer:
+    """Captures ``fn(inputs) -> output`` as a CUDA graph on a side stream (warm-up run first, as PyTorch's
+    graph docs require), each graph in its own memory pool. Replaced by a fake in the CPU tests."""
+
+    def capture(self, fn: Callable[[Any], Any], inputs: Any) -> CapturedGraph:
+        before = torch.cuda.memory_allocated()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(inputs)                                   # warm-up: lazy inits, workspace allocations
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = fn(inputs)
+        torch.cuda.synchronize()
+        nbytes = max(torch.cuda.memory_allocated() - before, 0) + tree_nbytes(inputs)
+        return CapturedGraph(graph, inputs, output, nbytes)
+
+
+class _GraphRunner:
+    """What the denoise and the prefix share: a graph cache, a capturer, the shapes whose capture failed
+    (logged once each, eager from then on) and ``strict`` (``cuda_graphs: on``: a failure raises)."""
+
+    what = ''
+
+    def __init__(self, family: Any, graphs: bool, strict: bool, max_graphs: int, max_graph_bytes: int,
+                 capturer: Optional[GraphCapturer]) -> None:
+        self.family = family
+        self.graphs = bool(graphs)
+        self.strict = bool(strict)
+        self.cache = GraphCache(max_graphs, max_graph_bytes)
+        self.capturer = capturer or GraphCapturer()
+        self.failed: Set[Hashable] = set()
+        self.captures = self.replays = 0
+
+    def graph_for(self, key: Hashable, fn: Callable[[Any], Any], inputs: Any,
+                  keep: Tuple[torch.Tensor, ...] = ()) -> Optional[CapturedGraph]:
+        """The cached graph for ``key``, captured now from a static copy of ``inputs`` (tensors in ``keep``
+        are static already) when missing; None for a shape that failed (it runs eagerly)."""
+        entry = self.cache.get(key)
+        if entry is not None or key in self.failed:
+            return entry
+        try:
+            entry = self.capturer.capture(fn, tree_clone(inputs, keep))
+        except Exception as exc:  # noqa: BLE001 - any capture failure: eager for that shape (strict: raise)
+            if self.strict:
+                raise FastPathError(f'cuda_graphs is "on" and the {self.what} graph capture failed: {exc}') from exc
+            self.failed.add(key)
+            LOG.warning('CUDA graph capture of the %s failed for %s (%s: %s); that shape runs eagerly from now on',
+                        self.what, key, type(exc).__name__, exc)
+            return None
+        self.captures += 1
+        if not self.cache.put(key, entry):
+            LOG.warning('a %s graph of %d bytes does not fit the graph cache (%d bytes); replaying it once',
+                        self.what, entry.nbytes, self.cache.max_bytes)
+        return entry
+
+    def replay(self, entry: CapturedGraph, inputs: Any) -> Any:
+        """Copy ``inputs`` into the graph's static inputs, replay; returns the graph-owned output."""
+        tree_copy_(entry.inputs, inputs)
+        entry.graph.replay()
+        self.replays += 1
+        return entry.output
+
+
+# ---- the denoise ------------------------------------------------------------------------------------------
+
+class StaticDenoiser(_GraphRunner):
+    """The denoise through a static K/V workspace, eagerly (``graphs=False``) or as replayed CUDA graphs.
+
+    ``family``: what ``denoise_program`` returns (``workspace_spec``, ``chunk_setup(..., workspace=)``,
+    ``euler_loop``, a ``config``); ``family_name`` and the camera count go into the graph key.
+    """
+
+    what = 'denoise loop'
+
+    def __init__(self, family: Any, *, family_name: str, graphs: bool, strict: bool = False,
+                 max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES,
+                 compile_loop: bool = False, capturer: Optional[GraphCapturer] = None) -> None:
+        super().__init__(family, graphs, strict, max_graphs, max_graph_bytes, capturer)
+        self.family_name = family_name
+        self.workspaces: Dict[Hashable, StaticWorkspace] = {}
+        self.eager_runs = 0
+        loop = family.euler_loop
+        self._loop: Callable[[Any], torch.Tensor] = torch.compile(loop) if compile_loop else loop
+
+    def workspace_for(self, spec: Sequence[Tuple[torch.Tensor, int]], context: PrefixContext) -> StaticWorkspace:
+        """One workspace per shape (prefix length, batch, dtype, device): a bucket has one, shared by its graphs."""
+        key = tuple((tuple(source.shape), int(length), str(source.dtype), str(source.device))
+                    for source, length in spec)
+        workspace = self.workspaces.get(key)
+        if workspace is None:
+            workspace = StaticWorkspace(spec, context.pad_mask)
+            self.workspaces[key] = workspace
+        return workspace
+
+    def graph_key(self, context: PrefixContext, chunk: Any) -> Hashable:
+        """(family, cameras, bucket, num_steps, chunking mode, dtype) - the chunk's signature holds the last
+        four (prefix length, num_steps, guide structure, tensor dtypes) and everything else a graph bakes in."""
+        cameras = len(getattr(self.family.config, 'all_camera_names', ()))
+        return (self.family_name, cameras, context.prefix_len, str(context.kv.dtype), tree_signature(chunk))
+
+    def denoise(self, context: PrefixContext, token: EntryToken, state: Optional[torch.Tensor],
+                noise: torch.Tensor, num_steps: int, **continuation: Any) -> torch.Tensor:
+        """Normalised actions [B, H, A] fp32, as ``family.denoise`` gives them (bit for bit, eagerly)."""
+        spec = self.family.workspace_spec(context)
+        workspace = self.workspace_for(spec, context)
+        workspace.load(spec, context.pad_mask, token)
+        chunk = self.family.chunk_setup(context, state, noise, num_steps, workspace=workspace.buffers,
+                                        **continuation)
+        entry = self.graph_for(self.graph_key(context, chunk), self._loop, chunk, workspace.buffers) \
+            if self.graphs else None
+        if entry is not None:
+            return self.replay(entry, chunk).clone()
+        self.eager_runs += 1
+        return self._loop(chunk)
+
+    def describe(self) -> Dict[str, Any]:
+        return {'cuda_graphs': self.graphs, 'graphs_cached': len(self.cache), 'graph_bytes': self.cache.bytes,
+                'graph_evictions': self.cache.evictions, 'graph_captures': self.captures,
+                'graph_replays': self.replays, 'graph_capture_failures': len(self.failed),
+                'workspace_copies': sum(w.copies for w in self.workspaces.values())}
+
+
+# ---- the prefix ---------------------------------------------------------------------------------------------
+
+@dataclass
+class PrefixInputs:
+    images: torch.Tensor
+    image_masks: torch.Tensor
+    tokens: torch.Tensor
+    token_masks: torch.Tensor
+
+
+class PrefixGraphs(_GraphRunner):
+    """fill_prefix as one graph per (cameras, bucket, batch); the output is cloned into a fresh context."""
+
+    what = 'prefix'
+
+    def __init__(self, family: Any, *, graphs: bool, strict: bool = False, max_graphs: int = 4,
+                 max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES, capturer: Optional[GraphCapturer] = None) -> None:
+        super().__init__(family, graphs, strict, max_graphs, max_graph_bytes, capturer)
+
+    def _fill(self, inputs: PrefixInputs) -> PrefixContext:
+        return self.family.fill_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+
+    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                    token_masks: torch.Tensor) -> PrefixContext:
+        inputs = PrefixInputs(images, image_masks, tokens, token_masks)
+        entry = self.graph_for(tree_signature(inputs), self._fill, inputs) if self.graphs else None
+        if entry is None:
+            return self._fill(inputs)
+        return tree_clone(self.replay(entry, inputs))          # never graph-owned memory in the cache
+
+    def describe(self) -> Dict[str, Any]:
+        return {'prefix_graphs': len(self.cache), 'prefix_graph_bytes': self.cache.bytes,
+                'prefix_replays': self.replays, 'prefix_capture_failures': len(self.failed)}
