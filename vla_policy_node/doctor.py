@@ -155,7 +155,7 @@ def _weights(diagnosis: Diagnosis, family: Any, config: Any, header: Dict[str, D
             diagnosis.refuse(f'{WEIGHTS_FILE}: {len(names)} {kind} tensor(s): {shown}')
     if not (missing or unexpected or misshaped):
         diagnosis.say(f'{len(found)} tensors match a {config.policy_type} model of this config.json')
-    return sum(count * (4 if keys.param_dtype(name, torch.bfloat16) == torch.float32 else 2)
+    return sum(count * (4 if model.param_dtype(name, torch.bfloat16) == torch.float32 else 2)
                for name, (_, count) in expected.items())
 
 

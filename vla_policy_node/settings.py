@@ -187,8 +187,10 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
         info(f'torch CPU threads: {threads or "torch default"} (cpu_threads {values["cpu_threads"]}, '
              f'{usable_cpus()} usable CPUs)')
         info(f'{runtime.summary()}; cameras {[camera.topic for camera in layout.cameras]}')
-        if values['warmup'] or values['cuda_graphs'] == 'on':     # 'on': a capture failure fails configure
-            info(f'warm-up chunk in {runtime.warmup().total_ms:.1f} ms')
+        # cuda_graphs 'on' always warms up: that is where a capture failure fails configure.
+        warm = runtime.warmup() if values['warmup'] or values['cuda_graphs'] == 'on' else None
+        if warm is not None:                     # None: the backend has nothing to warm (remote)
+            info(f'warm-up chunk in {warm.total_ms:.1f} ms')
         if values.get('outputs'):
             info('outputs: ' + '; '.join(f'{output.name} -> {output.topic} ({output.kind}: {list(output.joints)})'
                                          for output in outputs))
