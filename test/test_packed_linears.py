@@ -1,0 +1,33 @@
+"""layers.PackedLinears: MKL's prepacked GEMM in the SmolVLA Euler loop gives F.linear's values bit for bit."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vla_policy_node.policy.layers import PackedLinears, packed_linear
+
+pytestmark = pytest.mark.skipif(not PackedLinears.available(), reason='needs MKL')
+
+
+@pytest.mark.parametrize('out_features, in_features', [(1600, 720), (960, 720), (2048, 720), (720, 2048), (24, 40)])
+def test_packed_equals_plain(out_features, in_features):
+    torch.manual_seed(0)
+    weight, x = torch.randn(out_features, in_features), torch.randn(1, 50, in_features)
+    with torch.no_grad(), PackedLinears(50):
+        out = packed_linear(x, weight)
+    assert torch.equal(out, F.linear(x, weight))
+
+
+def test_repacks_a_changed_weight_and_passes_other_rows_through():
+    torch.manual_seed(1)
+    weight = torch.randn(64, 32)
+    packer = PackedLinears(8)
+    with torch.no_grad(), packer:
+        x = torch.randn(8, 32)
+        first = packed_linear(x, weight)
+        weight.mul_(2.0)                                   # an in-place write: the next call packs again
+        assert torch.equal(packed_linear(x, weight), F.linear(x, weight))
+        assert not torch.equal(packed_linear(x, weight), first)
+        other = torch.randn(3, 32)                         # another row count: plain F.linear
+        assert torch.equal(packed_linear(other, weight), F.linear(other, weight))
+    assert PackedLinears._active is None
+    assert torch.equal(packed_linear(x, weight), F.linear(x, weight))    # no packer outside the context
