@@ -164,6 +164,8 @@ class PackedLinears:
     Active only inside ``with packer:`` (``packed_linear`` then uses it), so other callers are untouched."""
 
     _active: Optional['PackedLinears'] = None
+    # Smaller weights run F.linear: the look-up costs more than packing saves (the tiny checkpoints).
+    min_elements = 256 * 256
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
@@ -176,8 +178,8 @@ class PackedLinears:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (rows != self.rows or x.device.type != 'cpu' or x.dtype != torch.float32 or weight.dtype != torch.float32
-                or torch.is_grad_enabled()):
+        if (rows != self.rows or weight.numel() < self.min_elements or x.device.type != 'cpu'
+                or x.dtype != torch.float32 or weight.dtype != torch.float32 or torch.is_grad_enabled()):
             return F.linear(x, weight, bias)
         entry = self._packs.get(id(weight))
         if (entry is None or entry[0]() is not weight or entry[1] != weight.data_ptr()
