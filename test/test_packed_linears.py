@@ -33,5 +33,5 @@ def test_repacks_a_changed_weight_and_passes_other_rows_through():
         assert len(packer._packs) == 1 and packer._packs[id(weight)][3] is not None   # packed, not passed through
         other = torch.randn(3, 32)                         # another row count: plain F.linear
         assert torch.equal(packed_linear(other, weight), F.linear(other, weight))
-    assert PackedLinears._active is None
+    assert PackedLinears.active() is None
     assert torch.equal(packed_linear(x, weight), F.linear(x, weight))    # no packer outside the context

@@ -6,6 +6,7 @@ G = H // K queries per kv head, D head dim, W width.
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from typing import List, Optional, Sequence, Tuple
 
@@ -163,7 +164,7 @@ class PackedLinears:
     dtypes, devices, no MKL, autograd) runs F.linear.
     Active only inside ``with packer:`` (``packed_linear`` then uses it), so other callers are untouched."""
 
-    _active: Optional['PackedLinears'] = None
+    _local = threading.local()          # the active packer, per thread
     # Smaller weights run F.linear: the look-up costs more than packing saves (the tiny checkpoints).
     min_elements = 256 * 256
 
@@ -204,17 +205,21 @@ class PackedLinears:
                                F.linear(probe, weight, bias))
         return packed if same else None
 
+    @staticmethod
+    def active() -> Optional['PackedLinears']:
+        return getattr(PackedLinears._local, 'packer', None)
+
     def __enter__(self) -> 'PackedLinears':
-        self._previous, PackedLinears._active = PackedLinears._active, self
+        self._previous, PackedLinears._local.packer = PackedLinears.active(), self
         return self
 
     def __exit__(self, *exc) -> None:
-        PackedLinears._active = self._previous
+        PackedLinears._local.packer = self._previous
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear, through the active ``PackedLinears`` when there is one."""
-    packer = PackedLinears._active
+    packer = PackedLinears.active()
     return F.linear(x, weight, bias) if packer is None else packer.linear(x, weight, bias)
 
 
