@@ -6,6 +6,8 @@ G = H // K queries per kv head, D head dim, W width.
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -125,7 +127,7 @@ class FusedProjection:
         # Under torch.compile the storage check would break the graph; a compiled caller fuses first.
         if self.weight is None or not (_compiling() or self._views_current()):
             self.fuse()
-        return F.linear(x, self.weight, self.bias)
+        return packed_linear(x, self.weight, self.bias)
 
 
 def _compiling() -> bool:
@@ -152,6 +154,75 @@ def fuse_projections(model: nn.Module) -> nn.Module:
     return model
 
 
+class PackedLinears:
+    """CPU, fp32, MKL: every weight that ``linear`` sees with ``rows`` input rows, prepacked once for MKL's packed
+    GEMM (``torch.ops.mkl._mkl_linear``), which runs a fixed small-row GEMM faster than plain sgemm (SmolVLA's
+    50-row expert GEMMs on this project's CPU). Same values: a weight whose packed GEMM does not match F.linear
+    bit for bit on a probe is not packed (``_pack``). The cost is one more fp32 copy of each packed weight
+    (at the real SmolVLA shape the expert's qkv, q and gate/up: about 250 MB), held while the packer lives.
+    A weight that changes (new storage or an in-place write) is packed again; anything else (other row counts,
+    dtypes, devices, no MKL, autograd) runs F.linear.
+    Active only inside ``with packer:`` (``packed_linear`` then uses it), so other callers are untouched."""
+
+    _local = threading.local()          # the active packer, per thread
+    # Smaller weights run F.linear: the look-up costs more than packing saves (the tiny checkpoints).
+    min_elements = 256 * 256
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self._packs: dict = {}          # id(weight) -> (weakref to it, data_ptr, version, packed)
+
+    @staticmethod
+    def available() -> bool:
+        return (torch.backends.mkl.is_available() and hasattr(torch.ops, 'mkl')
+                and hasattr(torch.ops.mkl, '_mkl_linear'))
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if (rows != self.rows or weight.numel() < self.min_elements or x.device.type != 'cpu'
+                or x.dtype != torch.float32 or weight.dtype != torch.float32 or torch.is_grad_enabled()):
+            return F.linear(x, weight, bias)
+        entry = self._packs.get(id(weight))
+        if (entry is None or entry[0]() is not weight or entry[1] != weight.data_ptr()
+                or entry[2] != weight._version):
+            entry = (weakref.ref(weight), weight.data_ptr(), weight._version, self._pack(weight, bias, rows))
+            self._packs = {key: value for key, value in self._packs.items() if value[0]() is not None}
+            self._packs[id(weight)] = entry
+        if entry[3] is None:
+            return F.linear(x, weight, bias)
+        flat = x.reshape(rows, x.shape[-1])
+        out = torch.ops.mkl._mkl_linear(flat, entry[3], weight, bias, rows)
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def _pack(weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
+        """The packed weight, or None where MKL's packed GEMM does not give F.linear's values bit for bit on a
+        probe (it runs other kernels for some shapes, e.g. 720 output features here: ~1e-6 relative)."""
+        with torch.inference_mode(False), torch.no_grad():
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+            probe = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0))
+            same = torch.equal(torch.ops.mkl._mkl_linear(probe, packed, weight, bias, rows),
+                               F.linear(probe, weight, bias))
+        return packed if same else None
+
+    @staticmethod
+    def active() -> Optional['PackedLinears']:
+        return getattr(PackedLinears._local, 'packer', None)
+
+    def __enter__(self) -> 'PackedLinears':
+        self._previous, PackedLinears._local.packer = PackedLinears.active(), self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        PackedLinears._local.packer = self._previous
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear, through the active ``PackedLinears`` when there is one."""
+    packer = PackedLinears.active()
+    return F.linear(x, weight, bias) if packer is None else packer.linear(x, weight, bias)
+
+
 class GemmaMLP(nn.Module):
     """down(act(gate(x)) * up(x)); act gelu_tanh (Gemma) or silu (Llama, ``activation='silu'``)."""
 
@@ -167,11 +238,11 @@ class GemmaMLP(nn.Module):
         if x.device.type == 'cpu':
             # CPU BLAS runs the two [mlp_dim, W] blocks faster than one [2 * mlp_dim, W] GEMM (3-5% of
             # the pi0 denoise on this project's CPU, bench/bench_runtime.py); on a GPU one launch wins.
-            gate, up = self.gate_proj(x), self.up_proj(x)
+            gate, up = packed_linear(x, self.gate_proj.weight), packed_linear(x, self.up_proj.weight)
         else:
             gate, up = self.gate_up(x).chunk(2, dim=-1)                  # each [..., mlp_dim]
         act = F.silu(gate) if self.activation == 'silu' else F.gelu(gate, approximate='tanh')
-        return self.down_proj(act * up)
+        return packed_linear(act * up, self.down_proj.weight)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,10 @@ class SiglipEmbeddings(nn.Module):
         # pixels [N, 3, H, W] -> patches [N, width, H/p, W/p] -> tokens [N, P, width]
         weight = self.patch_embedding.weight
         patches = self.patch_embedding(pixels.to(weight.dtype))
-        tokens = patches.flatten(2).transpose(1, 2)
+        # contiguous: the sum would otherwise keep the transposed layout (elementwise ops follow their first
+        # input's strides), and every LayerNorm of the tower would copy the residual stream to contiguous
+        # (about 10% of SigLIP's time at 1024 patches on a CPU). Same values either way.
+        tokens = patches.flatten(2).transpose(1, 2).contiguous()
         return tokens + self.position_embedding.weight[None].to(tokens.dtype)
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from .config import VisionSize
 from .config_fields import ConfigError
-from .layers import FusedProjection, GemmaMLP, LlamaRMSNorm, apply_rope
+from .layers import FusedProjection, GemmaMLP, LlamaRMSNorm, apply_rope, packed_linear
 from .siglip import SiglipVisionTransformer
 
 
@@ -196,7 +196,7 @@ class LlamaDecoderLayer(nn.Module):
         attn = self.self_attn
         batch, seq, _ = x.shape
         h = self.input_layernorm(x).to(attn.q_proj.weight.dtype)
-        q = attn.q_proj(h).view(batch, seq, attn.num_heads, attn.head_dim)
+        q = packed_linear(h, attn.q_proj.weight).view(batch, seq, attn.num_heads, attn.head_dim)
         return apply_rope(q, cos, sin).transpose(1, 2)
 
     def cross_kv(self, keys: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -218,7 +218,7 @@ class LlamaDecoderLayer(nn.Module):
         """attn [B, H, S, D] -> o_proj, residual, post-attention norm, MLP, residual -> x [B, S, W]."""
         batch, _, seq, _ = attn.shape
         o_proj = self.self_attn.o_proj
-        x = x + o_proj(attn.transpose(1, 2).reshape(batch, seq, -1).to(o_proj.weight.dtype))
+        x = x + packed_linear(attn.transpose(1, 2).reshape(batch, seq, -1).to(o_proj.weight.dtype), o_proj.weight)
         return x + self.mlp(self.post_attention_layernorm(x).to(o_proj.weight.dtype))
 
 
