@@ -296,6 +296,7 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_referen
     model_inputs = lerobot.model_inputs(base, state_of(0), task)
     from vla_policy_node.observation import Observation
     theirs_t, miss_t, hit_t = [], [], []
+    stages: Dict[str, List[Dict[str, float]]] = {'miss': [], 'hit': []}
     for run in range(repeats + 1):
         t_lerobot = lerobot.time_sample_actions(model_inputs, noise)
         t_miss = t_hit = float('nan')
@@ -310,6 +311,9 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_referen
             hit = runtime.infer(Observation(frames, state_of(run + 50), task), noise=noise)   # only the state moved
             t_hit = time.perf_counter() - t0
             hit_ok = hit.cache_hit and not miss.cache_hit
+        if run and runtime is not None:
+            stages['miss'].append(miss.timings_ms)
+            stages['hit'].append(hit.timings_ms)
         if run:
             theirs_t.append(t_lerobot)
             miss_t.append(t_miss)
@@ -320,6 +324,11 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_referen
     lr, mi, hi = (statistics.median(x) * 1e3 for x in (theirs_t, miss_t, hit_t))
     print(f'  median: lerobot sample_actions {lr:.0f} ms | ours miss {mi:.0f} ms ({mi / lr:.2f}x lerobot) | '
           f'ours hit {hi:.0f} ms ({hi / mi:.3f}x our miss, {hi / lr:.3f}x lerobot)')
+    for kind, runs in stages.items():
+        if runs:
+            names = [name for name in runs[0] if all(name in r for r in runs)]
+            print(f'  ours {kind} stages (median ms): ' + ', '.join(
+                f'{name} {statistics.median(r[name] for r in runs):.1f}' for name in names))
     if runtime is not None:
         print(f'  our cache entry: {runtime.prefix_bytes()} bytes')
     del lerobot, runtime
