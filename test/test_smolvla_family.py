@@ -353,10 +353,15 @@ def test_bf16_runs_the_decoder_in_bf16_and_keeps_the_rest_fp32(tiny):
     for name in ('vlm_with_expert.vlm.model.vision_model.embeddings.patch_embedding.weight',
                  'vlm_with_expert.vlm.model.connector.modality_projection.proj.weight',
                  'vlm_with_expert.lm_expert.layers.0.input_layernorm.weight', 'state_proj.weight',
+                 'vlm_with_expert.lm_expert.layers.1.self_attn.k_proj.weight',     # a cross layer's, as lerobot's
                  'action_out_proj.weight', 'action_time_mlp_in.weight'):
         assert params[name].dtype == torch.float32, name
+    assert params['vlm_with_expert.lm_expert.layers.0.self_attn.k_proj.weight'].dtype == torch.bfloat16   # self
     chunk = runtime.infer(Observation(frames(), STATE, TASK), seed=0)
     assert np.all(np.isfinite(chunk.actions))
+    context = runtime.cache.get(chunk.key)
+    assert context.kv.dtype == torch.bfloat16 and context.extra[0].dtype == torch.float32
+    assert context.nbytes == runtime.config.cache_entry_bytes(2)
 
 
 def test_a_random_checkpoint_of_another_shape_round_trips(tmp_path):

@@ -70,11 +70,10 @@ class WeightKeys:
     ``renames``: (regex, replacement) applied in order after the leading ``model.`` is dropped
     (spellings of other releases and exports -> ours); ``known_unused``: canonical keys real
     checkpoints carry that inference never reads; ``stand_ins``: key -> a canonical key that may
-    stand in when the key itself is absent (tied embeddings); ``param_dtype``: the storage dtype
-    of a parameter when the model computes in a dtype.
+    stand in when the key itself is absent (tied embeddings). The storage dtype of each parameter
+    is the model's (``param_dtype(name, compute_dtype)``, layers.MixedPrecisionPolicy).
     """
 
-    param_dtype: Callable[[str, torch.dtype], torch.dtype]
     renames: Tuple[Tuple[str, str], ...] = ()
     known_unused: Callable[[str], bool] = field(default=lambda key: False)
     stand_ins: Mapping[str, str] = field(default_factory=dict)
@@ -133,7 +132,7 @@ def load_weights(model: nn.Module, weights_path: Path, device: torch.device, com
                 raise CheckpointError(f'{weights_path}: tensor {file_key} has shape {list(shape)}, '
                                       f'the config expects {list(expected[key])}')
         # copy=True: the model owns freshly allocated (aligned) memory, not a view of the file buffer.
-        state = {key: handle.get_tensor(file_key).to(device=device, dtype=keys.param_dtype(key, compute_dtype),
+        state = {key: handle.get_tensor(file_key).to(device=device, dtype=model.param_dtype(key, compute_dtype),
                                                      copy=True)
                  for key, file_key in file_keys.items()}
     model.load_state_dict(state, strict=True, assign=True)

@@ -26,7 +26,7 @@ from ..cache.context import PrefixContext
 from .config import PolicyConfig
 from .gemma import GemmaStack
 from .family import check_chunk_inputs, check_prefix_inputs
-from .layers import MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, keep_fp32, rope_cos_sin
+from .layers import MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, rope_cos_sin
 from .rtc import RTCGuide, RTCSettings, prepare_guide
 from .siglip import SiglipVisionTower
 
@@ -35,11 +35,6 @@ from .siglip import SiglipVisionTower
 # small projections outside the two Gemma stacks.
 FP32_MODULE_MARKERS = ('vision_tower', 'multi_modal_projector', 'input_layernorm', 'post_attention_layernorm',
                        'model.norm', 'action_in_proj', 'action_out_proj', 'state_proj', 'time_mlp')
-
-
-def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
-    """Storage dtype of a parameter when the model computes in ``compute_dtype``."""
-    return keep_fp32(name, compute_dtype, FP32_MODULE_MARKERS)
 
 
 @dataclass(frozen=True)

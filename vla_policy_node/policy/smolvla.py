@@ -26,7 +26,9 @@ layers) and the expert's linear layers compute in bf16, as lerobot effectively r
 (text_config.torch_dtype bfloat16 with transformers 5); the vision tower, the connector, lerobot's own
 projections (state_proj, action_*) and every RMSNorm weight stay fp32, and the residual streams stay fp32
 (norms compute in fp32; each projection's input is rounded to bf16 once, its output added back in fp32).
-RoPE runs in fp32; K/V (and the cache) are stored in the compute dtype.
+The cross layers' k/v_proj stay fp32 as in lerobot (it makes them anew as fp32 nn.Linear after building the
+expert in bf16), so their projected K/V (cached in fp32) and the cross attention are fp32. RoPE runs in fp32;
+the VLM K/V (and their cache) are stored in the compute dtype.
 """
 from __future__ import annotations
 
@@ -51,10 +53,6 @@ FP32_MODULE_MARKERS = ('vision_model', 'connector', 'state_proj', 'action_in_pro
                        'action_time_mlp', 'layernorm', '.norm.')
 
 
-def param_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
-    return keep_fp32(name, compute_dtype, FP32_MODULE_MARKERS)
-
-
 class VLMWithExpert(nn.Module):
     def __init__(self, config: SmolVLAConfig) -> None:
         super().__init__()
@@ -68,7 +66,7 @@ class SmolChunk:
     """One chunk's fixed inputs to the Euler loop.
 
     self_kv [L, 2, B, K, P + 1 + H, D]: prefix and state K/V filled (the self layers' action part is written
-    per step); cross_kv [C, 2, B, K', P + 1, D']: projected prefix and state K/V; self_rope, cross_rope:
+    per step); cross_kv [C, 2, B, K', P + 1, D'] fp32: projected prefix and state K/V; self_rope, cross_rope:
     (cos, sin) [B, H, 1, D]; self_mask [B, 1, G*H, P + 1 + H], cross_mask [B, 1, G*H, P + 1] (folded);
     time_terms [N + 1, W]; noise [B, H, A] fp32.
     """
@@ -93,6 +91,10 @@ class SmolVLAModel(MixedPrecisionPolicy):
     def __init__(self, config: SmolVLAConfig) -> None:
         super().__init__()
         self.config = config
+        # lerobot makes the cross layers' k/v_proj anew as fp32 nn.Linear after building the expert in bf16
+        # (smolvlm_with_expert.py __init__): they stay fp32, and so does what they project.
+        self._fp32_names = frozenset(f'vlm_with_expert.lm_expert.layers.{e}.self_attn.{n}_proj.weight'
+                                     for e, cross in enumerate(config.expert_cross_layers) if cross for n in 'kv')
         width = config.expert.width
         self.vlm_with_expert = VLMWithExpert(config)
         self.state_proj = nn.Linear(config.max_state_dim, config.text.width)
@@ -110,6 +112,9 @@ class SmolVLAModel(MixedPrecisionPolicy):
                 cross += 0 if self_attn else 1
         self._plan = tuple(plan)
 
+    def param_dtype(self, name: str, compute_dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if name in self._fp32_names else keep_fp32(name, compute_dtype, self.fp32_markers)
+
     @property
     def _vlm(self):
         return self.vlm_with_expert.vlm.model
@@ -122,10 +127,10 @@ class SmolVLAModel(MixedPrecisionPolicy):
     def _expert(self) -> LlamaExpert:
         return self.vlm_with_expert.lm_expert
 
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        """bool [B, 1, S, T] -> additive, folded for the G query heads per kv head."""
+    def _mask(self, allowed: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """bool [B, 1, S, T] -> additive (compute dtype unless given), folded for the G query heads per kv head."""
         text = self.config.text
-        return fold_mask(additive_mask(allowed, self.compute_dtype), text.num_heads // text.num_kv_heads)
+        return fold_mask(additive_mask(allowed, dtype or self.compute_dtype), text.num_heads // text.num_kv_heads)
 
     def _rope(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return split_half_rope_tables(positions, self.config.text.head_dim)
@@ -173,11 +178,12 @@ class SmolVLAModel(MixedPrecisionPolicy):
         return PrefixContext(kv=kv, pad_mask=pad, extra=(self._cross_prefix_kv(kv),))
 
     def _cross_prefix_kv(self, kv: torch.Tensor) -> torch.Tensor:
-        """The cross layers' k_proj / v_proj of the cached VLM K/V -> [C, 2, B, K', P, D']."""
+        """The cross layers' k_proj / v_proj of the cached VLM K/V -> [C, 2, B, K', P, D'] fp32 (fp32 weights)."""
         cfg = self.config
         expert = cfg.expert
         batch, prefix_len = kv.shape[2], kv.shape[4]
-        out = kv.new_empty(cfg.cross_layer_count, 2, batch, expert.num_kv_heads, prefix_len, expert.head_dim)
+        out = kv.new_empty(cfg.cross_layer_count, 2, batch, expert.num_kv_heads, prefix_len, expert.head_dim,
+                           dtype=torch.float32)
         for vlm_index, expert_index, cross in self._plan:
             if cross is not None:
                 layer = self._expert.layers[expert_index]
@@ -246,7 +252,8 @@ class SmolVLAModel(MixedPrecisionPolicy):
         return SmolChunk(self_kv=self_kv, cross_kv=cross_kv,
                          self_rope=self._rope(valid + 1 + steps), cross_rope=self._rope(steps[None].expand(batch, -1)),
                          self_mask=self._mask(self_allowed),
-                         cross_mask=self._mask(keys[:, None, None, :].expand(batch, 1, horizon, prefix_len + 1)),
+                         cross_mask=self._mask(keys[:, None, None, :].expand(batch, 1, horizon, prefix_len + 1),
+                                               torch.float32),
                          time_terms=self._time_terms(num_steps), guide=guide, noise=noise.float(),
                          num_steps=num_steps)
 
@@ -274,7 +281,7 @@ class SmolVLAModel(MixedPrecisionPolicy):
                 keys[:, :, start:], values[:, :, start:] = k, v
                 attn = grouped_query_attention(q, keys, values, chunk.self_mask)
             else:
-                q = layer.project_q(x, *chunk.cross_rope)
+                q = layer.project_q(x, *chunk.cross_rope).float()       # lerobot: fp32 K/V, so fp32 attention
                 attn = grouped_query_attention(q, chunk.cross_kv[cross, 0], chunk.cross_kv[cross, 1],
                                                chunk.cross_mask)
             x = layer.finish(x, attn)

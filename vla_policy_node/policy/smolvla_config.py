@@ -208,11 +208,12 @@ class SmolVLAConfig(PolicyLevelConfig):
         return len(self.all_camera_names) * self.tokens_per_image + self.tokenizer_max_length
 
     def kv_entry_bytes(self, dtype_bytes: int) -> int:
-        """K/V of every VLM layer over the prefix + the cross layers' projected K/V (the expert's heads)."""
+        """K/V of every VLM layer over the prefix (compute dtype) + the cross layers' projected K/V (the
+        expert's heads; fp32 always, as their fp32 k/v_proj give them)."""
         text, expert = self.text, self.expert
         vlm = 2 * self.num_vlm_layers * text.num_kv_heads * text.head_dim
         cross = 2 * self.cross_layer_count * expert.num_kv_heads * expert.head_dim
-        return (vlm + cross) * self.prefix_len * dtype_bytes
+        return (vlm * dtype_bytes + cross * 4) * self.prefix_len
 
     # ---- lerobot config.json ----------------------------------------------------------------
     def to_lerobot_dict(self) -> Dict[str, Any]:

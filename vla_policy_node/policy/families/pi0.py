@@ -22,7 +22,7 @@ from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_
 from ..config import PaliGemmaTraits, PolicyConfig, preset
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
-from ..pi0 import PiZeroModel, param_dtype
+from ..pi0 import PiZeroModel
 from ..preprocess import resize_with_pad, to_model_range
 from ..tiny_tokenizer import build_test_tokenizer
 from ..tokenizer import PromptTokenizer
@@ -47,7 +47,7 @@ class Pi0Family(PolicyFamily):
         state_token=True, adaptive_expert=False, tokenizer_max_length=48,
         normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'},
         tiny_tokenizer_max_length=16)
-    weight_keys: ClassVar[WeightKeys] = WeightKeys(param_dtype=param_dtype, renames=KEY_RENAMES,
+    weight_keys: ClassVar[WeightKeys] = WeightKeys(renames=KEY_RENAMES,
                                                    known_unused=lambda key: key in LM_HEAD_KEYS,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
     model_class: ClassVar[Any] = PiZeroModel

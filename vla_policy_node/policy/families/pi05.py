@@ -17,7 +17,6 @@ import numpy as np
 
 from ..checkpoint import WeightKeys, common_steps, device_step, normalizer_step, relative_step
 from ..config import PaliGemmaTraits, PolicyConfig
-from ..pi0 import param_dtype
 from .pi0 import EMBED_KEY, KEY_RENAMES, LM_HEAD_KEYS, Pi0Family, tokenizer_step
 
 # lerobot renamed the time MLPs between releases; pi0.5 spells them time_mlp_*.
@@ -39,7 +38,7 @@ class Pi05Family(Pi0Family):
         state_token=False, adaptive_expert=True, tokenizer_max_length=200,
         normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'QUANTILES', 'ACTION': 'QUANTILES'},
         tiny_tokenizer_max_length=200)
-    weight_keys: ClassVar[WeightKeys] = WeightKeys(param_dtype=param_dtype, renames=PI05_KEY_RENAMES,
+    weight_keys: ClassVar[WeightKeys] = WeightKeys(renames=PI05_KEY_RENAMES,
                                                    known_unused=pi05_unused,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
 

@@ -26,7 +26,7 @@ from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
 from ..preprocess import resize_with_pad_left_top, to_model_range
-from ..smolvla import SmolVLAModel, param_dtype
+from ..smolvla import SmolVLAModel
 from ..smolvla_config import SmolVLAConfig, smolvla_preset
 from ..smolvlm_tokenizer import SmolVLMTokenizer
 from ..tiny_smolvlm_tokenizer import build_smolvlm_test_tokenizer
@@ -43,7 +43,7 @@ class SmolVLAFamily(PolicyFamily):
     tokenizer_class: ClassVar[Any] = SmolVLMTokenizer
     tokenizer_hint: ClassVar[str] = 'SmolVLM2\'s tokenizer.json (see README "SmolVLA checkpoints")'
     # lerobot saves the backbone's lm_head; inference never reads it.
-    weight_keys: ClassVar[WeightKeys] = WeightKeys(param_dtype=param_dtype, known_unused=lambda key: key == LM_HEAD_KEY)
+    weight_keys: ClassVar[WeightKeys] = WeightKeys(known_unused=lambda key: key == LM_HEAD_KEY)
     model: SmolVLAModel
 
     # ---- loading ---------------------------------------------------------------------------------
