@@ -25,6 +25,16 @@ the checkpoint's model.safetensors, strictly here).
     (c) bf16 error against fp32: lerobot's recipe (as lerobot builds it: text decoder and expert bf16) vs ours
         (dtype bfloat16), each against its own fp32 and against lerobot's fp32, tiny and real shape.
 
+Figures of one run (2026-12-01, this 2-core CPU, lerobot 0.6.2 / transformers 5.5.4 / torch 2.11, package at
+issue16 a7922cd; timings move a lot while other jobs load the machine, these are from a quiet moment):
+
+    (a) tiny, 3 cases: lerobot-ours <= 1.8e-7, lerobot-reference <= 1.2e-7, ours-reference <= 1.8e-7
+    (v) reference vs lerobot on the 6 test variants: fp32 <= 2.4e-7, bf16 recipe 0 (bit for bit), RTC <= 1.2e-7
+    (b) --threads 2 --repeats 5: lerobot sample_actions 2958 ms, ours miss 2923 ms (0.99x), hit 830 ms
+        (0.28x our miss; stages: prefix 2104 ms, denoise 813-829 ms); actions lerobot-ours 2.4e-7; entry 10.3 MiB
+    (c) bf16 vs fp32, max abs action error: tiny lerobot 3.1e-3 / ours 1.8e-3; real shape lerobot 3.9e-3 /
+        ours 2.3e-3 (ours vs lerobot's fp32: 2.3e-3)
+
 fp32 lerobot: the policy as built (bf16 text/expert from the bf16 text_config) moved to float32 and the
 checkpoint loaded again, so no weight keeps a bf16 rounding.
 """
@@ -296,6 +306,7 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_referen
     model_inputs = lerobot.model_inputs(base, state_of(0), task)
     from vla_policy_node.observation import Observation
     theirs_t, miss_t, hit_t = [], [], []
+    stages: Dict[str, List[Dict[str, float]]] = {'miss': [], 'hit': []}
     for run in range(repeats + 1):
         t_lerobot = lerobot.time_sample_actions(model_inputs, noise)
         t_miss = t_hit = float('nan')
@@ -310,6 +321,9 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_referen
             hit = runtime.infer(Observation(frames, state_of(run + 50), task), noise=noise)   # only the state moved
             t_hit = time.perf_counter() - t0
             hit_ok = hit.cache_hit and not miss.cache_hit
+        if run and runtime is not None:
+            stages['miss'].append(miss.timings_ms)
+            stages['hit'].append(hit.timings_ms)
         if run:
             theirs_t.append(t_lerobot)
             miss_t.append(t_miss)
@@ -320,6 +334,11 @@ def part_b(work: Path, repeats: int, threads: int, with_bf16: bool, with_referen
     lr, mi, hi = (statistics.median(x) * 1e3 for x in (theirs_t, miss_t, hit_t))
     print(f'  median: lerobot sample_actions {lr:.0f} ms | ours miss {mi:.0f} ms ({mi / lr:.2f}x lerobot) | '
           f'ours hit {hi:.0f} ms ({hi / mi:.3f}x our miss, {hi / lr:.3f}x lerobot)')
+    for kind, runs in stages.items():
+        if runs:
+            names = [name for name in runs[0] if all(name in r for r in runs)]
+            print(f'  ours {kind} stages (median ms): ' + ', '.join(
+                f'{name} {statistics.median(r[name] for r in runs):.1f}' for name in names))
     if runtime is not None:
         print(f'  our cache entry: {runtime.prefix_bytes()} bytes')
     del lerobot, runtime
