@@ -22,19 +22,15 @@ PYTEST_ARGS ?=
 
 # A fresh venv gets a current pip first: the pip that Python 3.10 ships installs `-e .` through the
 # legacy `setup.py develop`, which setuptools >= 80 no longer runs with this package's setup.cfg.
-# launch_ros's wheel names its dependency `ament_index_python`; PyPI spells that package
-# `ros-ament-index-python` (the same module, installed here by the ros extra), so pip would print
-# "launch-ros 0.28.0 requires ament_index_python, which is not installed" while install.sh adds
-# launch_ros's other dependency, osrf-pycommon. pip checks a package's requirements only when one of
-# them is installed in the same step: both from the registry first, and it stays quiet. (`pip check`
-# still names it; the module is there, nothing is missing.)
+# The set-up ends with pip printing "launch-ros 0.28.0 requires ament_index_python, which is not installed".
+# It is harmless: launch_ros's wheel names its dependency `ament_index_python`, which PyPI spells
+# `ros-ament-index-python` (the same module, which the ros extra installs); pip cannot match the two
+# names, so it warns when install.sh adds the ros-tools wheels. Nothing is missing (`ros2 launch` runs).
 $(INSTALLED): setup.py package.xml
 	test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --disable-pip-version-check --upgrade pip; }
 	$(PY) -m pip install --disable-pip-version-check $(TORCH_SPEC)
 	$(PY) -m pip install --disable-pip-version-check -e '.[ros,test]'
-	if [ -x $(ROS_TOOLS)/install.sh ]; then \
-	  $(PY) -m pip install -q --disable-pip-version-check ros-ament-index-python osrf-pycommon && \
-	  $(ROS_TOOLS)/install.sh $(VENV); \
+	if [ -x $(ROS_TOOLS)/install.sh ]; then $(ROS_TOOLS)/install.sh $(VENV); \
 	else echo "no $(ROS_TOOLS)/install.sh: the ros2 CLI / launch / colcon tests will skip"; fi
 	touch $(INSTALLED)
 
