@@ -110,3 +110,10 @@ def test_an_unknown_type_names_the_known_ones(tiny, tmp_path):
     (folder / 'config.json').write_text(json.dumps(config))
     done = _doctor(folder)
     assert done.returncode == 1 and "'pi0', 'pi05', 'smolvla'" in done.stdout, done.stdout
+
+
+def test_the_embedded_default_is_named_as_the_node_names_it():
+    # checkpoint_path builtin:demo works for the node, the replay and vla_policy_serve, so for the doctor too.
+    done = _doctor('builtin:demo')
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'demo_checkpoint' in done.stdout and 'type pi0' in done.stdout

@@ -315,12 +315,15 @@ def suggested_parameters(folder: Path, config: Any, fps: Optional[float], latenc
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog='vla_policy_check_checkpoint', description=__doc__.split('\n\n')[0])
-    parser.add_argument('folder', type=Path, help='lerobot pretrained_model/ folder')
+    parser.add_argument('folder', help='lerobot pretrained_model/ folder (or builtin:demo, builtin:tiny)')
     parser.add_argument('--tokenizer', type=Path, help='tokenizer.model / tokenizer.json (the node\'s tokenizer_path)')
     parser.add_argument('--fps', type=float, help='frame rate of the training data (sets action_period_sec)')
     parser.add_argument('--latency-ms', type=float, help='measured inference latency (latency_total_p95 in '
                         '/diagnostics) to fit the control rate to')
     args = parser.parse_args(argv)
+    from .settings import checkpoint_folder          # the node's reading of checkpoint_path, builtins included
+
+    args.folder = checkpoint_folder(args.folder)
     if not args.folder.is_dir():
         print(f'vla_policy_check_checkpoint: {args.folder} is not a folder', file=sys.stderr)
         return 2

@@ -218,9 +218,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'vla_policy_replay: error: {exc}', file=sys.stderr)
         return 2
     summary = result.summary
+    entry = summary['cache']['entry_bytes']
     print(f"ticks {summary['ticks']}, published {summary['published']}, skipped {summary['skipped_total']} "
-          f"{summary['skipped']}, cache hits {summary['cache']['hits']} / misses {summary['cache']['misses']} "
-          f"(one entry {summary['cache']['entry_bytes']} bytes)")
+          f"{summary['skipped']}, cache hits {summary['cache']['hits']} / misses {summary['cache']['misses']}"
+          + (f" (one entry {entry} bytes)" if entry is not None else ''))
+    errors = summary.get('command_error')
+    if errors:
+        print(f"RMSE against {summary['command_topic']}: "
+              + ', '.join(f"{joint} {figures['rmse']:.4f}" for joint, figures in errors.items()))
     total = summary['latency_ms'].get('total')
     if total:
         print(f"latency p50 {total['p50']:.1f} ms, p95 {total['p95']:.1f} ms, max {total['max']:.1f} ms")
