@@ -53,3 +53,45 @@ def test_shipped_yaml_comments_first_run_values_for_the_safety_parameters():
     assert set(FIRST_RUN) <= set(SPECS)
     for name in ('dry_run', 'require_enable', 'ramp_in_sec', 'max_velocity', 'max_position_step', 'limit_mode'):
         assert f'# FIRST RUN ON A REAL ARM: {FIRST_RUN[name]}' in shipped, name
+
+
+def test_demo_progress_line_prints_a_dash_until_there_is_a_latency_and_counts_holds():
+    from vla_policy_node.demo import ms_text, progress_text
+    line = progress_text(0.0, 6.0, {'ticks': '0', 'chunks_published': '0', 'latency_total_p50_ms': 'nan'}, 0.2, 0)
+    assert 'latency p50 - (0.2 s ago)' in line and 'nan' not in line
+    assert progress_text(6.0, 6.0, {}, 0.2, 11, holds=1).endswith('| received 11 trajectories (1 hold)')
+    assert ms_text('10.7476') == '10.7 ms' and ms_text(None) == '-' and ms_text('?') == '-'
+
+
+def test_demo_error_table_columns_fit_their_titles():
+    from vla_policy_node.demo import error_table
+    errors = {'joint_1': {'rmse': 0.25}, 'joint_2': {'rmse': 0.5}}
+    columns = {'smolvla (random) offline': errors, 'pi0 random offline': errors, 'smolvla (random) live': None}
+    lines = error_table(columns)
+    header = lines[0]
+    for title in columns:
+        assert f'  {title}' in header, header
+    assert all(len(line) == len(header) for line in lines), lines
+    assert lines[-1].split() == ['mean', '0.3750', '0.3750', '-']
+    trained = error_table({'trained offline': errors, 'pi0 random offline': errors}, ratio=('trained offline',
+                                                                                            'pi0 random offline'))
+    assert trained[0].split()[-2:] == ['trained/pi0', 'random'] and trained[1].endswith('100.0%')
+
+
+def test_demo_report_folders_do_not_overwrite_each_other(tmp_path):
+    from vla_policy_node.demo import report_folders
+    names = {report_folders(tmp_path, policy, remote)[0].name
+             for policy in ('demo', 'pi0', 'pi05', 'smolvla') for remote in (False, True)}
+    assert len(names) == 8 and 'report' in names and 'report_smolvla_remote' in names
+    assert report_folders(tmp_path, 'demo', True)[0].name == 'report_remote'
+    assert report_folders(tmp_path, 'demo', False)[1].name == 'report_random'
+
+
+def test_demo_closing_note_fits_the_run():
+    from pathlib import Path
+
+    from vla_policy_node.demo import closing_note
+    assert 'builtin:demo) is a tiny pi0 trained' in closing_note('demo', Path('x'))
+    note = closing_note('smolvla', Path('artifacts/demo/tiny_smolvla'))
+    assert 'tiny smolvla with RANDOM weights' in note and 'meaningless' in note
+    assert 'SmolVLA pretrained_model folder' in note

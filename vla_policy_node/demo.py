@@ -11,7 +11,8 @@
    /diagnostics, and records the trajectories that arrive into a bag;
 4. runs the offline evaluation on the same bag (plots, summary, output bag), for the trained default and
    the random weights, and prints each one's per-joint error against the recorded command (and the
-   live run's).
+   live run's). The offline report goes to ``report/`` for the trained default, ``report_<policy>/`` for
+   the others, with ``_remote`` after it for --remote; the random weights' to ``report_random/``.
 
 ``--policy pi0|pi05|smolvla`` runs a tiny RANDOM-weight checkpoint of that family instead of the trained
 default (the plumbing of that family, meaningless actions). With ``--remote`` the checkpoint is served by
@@ -95,20 +96,29 @@ def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str
     return command_error(result)
 
 
+def _ratio_title(a: str, b: str) -> str:
+    """``trained offline`` / ``pi0 random offline`` -> ``trained/pi0 random``: the words both end with dropped."""
+    a_words, b_words = a.split(), b.split()
+    while len(a_words) > 1 and len(b_words) > 1 and a_words[-1] == b_words[-1]:
+        a_words, b_words = a_words[:-1], b_words[:-1]
+    return f"{' '.join(a_words)}/{' '.join(b_words)}"
+
+
 def error_table(columns: Dict[str, Optional[Dict[str, Any]]], ratio: Optional[Tuple[str, str]] = None) -> List[str]:
     """Lines of a per-joint RMSE table, one column per run (None: no figures); ``ratio`` (a, b) adds a / b."""
     names = next((list(e) for e in columns.values() if e), [])
-    titles = list(columns) + ([f'{ratio[0].split()[0]}/{ratio[1].split()[0]}'] if ratio else [])
-    lines = [f"{'joint':<10}" + ''.join(f'{title:>16}' for title in titles)]
+    titles = list(columns) + ([_ratio_title(*ratio)] if ratio else [])
+    width = max(len(title) for title in titles) + 2
+    lines = [f"{'joint':<10}" + ''.join(f'{title:>{width}}' for title in titles)]
     for name in names + ['mean']:
         values: Dict[str, Optional[float]] = {}
         for title, errors in columns.items():
             values[title] = None if not errors else (
                 float(np.mean([e['rmse'] for e in errors.values()])) if name == 'mean' else errors[name]['rmse'])
-        cells = [f"{'-':>16}" if value is None else f'{value:>16.4f}' for value in values.values()]
+        cells = [f"{'-':>{width}}" if value is None else f'{value:>{width}.4f}' for value in values.values()]
         if ratio:
             a, b = values[ratio[0]], values[ratio[1]]
-            cells.append(f"{'-':>16}" if a is None or not b else f'{a / b:>16.1%}')
+            cells.append(f"{'-':>{width}}" if a is None or not b else f'{a / b:>{width}.1%}')
         lines.append(f'{name:<10}' + ''.join(cells))
     return lines
 
@@ -126,18 +136,33 @@ def node_command(checkpoint: Path, remote: Optional[Dict[str, object]] = None) -
 DIAGNOSTICS_PERIOD_SEC = 0.25
 
 
+def ms_text(value: Any) -> str:
+    """A latency in ms with one decimal, or ``-`` while there is no figure (missing, empty, nan)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return '-'
+    return f'{number:.1f} ms' if np.isfinite(number) else '-'
+
+
+def _plural(count: int, word: str) -> str:
+    return f'{count} {word}' + ('' if count == 1 else 's')
+
+
 def progress_text(bag_time: float, bag_duration: float, diag: Dict[str, str], diag_age_sec: Optional[float],
-                  received: int) -> str:
+                  received: int, holds: int = 0) -> str:
     """One progress line: the node's own counts (one /diagnostics message, so ticks and published agree) and,
-    apart, the trajectories this monitor received live."""
+    apart, the trajectories this monitor received live (``holds`` of them holds, which the node does not count
+    as published chunks: the hold it sends once joint states arrive)."""
     if diag_age_sec is None:
         node = 'node: no /diagnostics yet'
     else:
         node = (f'node: ticks {diag.get("ticks", "-")}, published {diag.get("chunks_published", "-")}, '
                 f'skipped {diag.get("ticks_skipped", "-")}, cache hit rate '
                 f'{float(diag.get("cache_hit_rate", 0)):.0%}, latency p50 '
-                f'{float(diag.get("latency_total_p50_ms", "nan")):.1f} ms ({diag_age_sec:.1f} s ago)')
-    return f'[demo] bag {bag_time:4.1f}/{bag_duration:.1f} s | {node} | received {received} trajectories'
+                f'{ms_text(diag.get("latency_total_p50_ms"))} ({diag_age_sec:.1f} s ago)')
+    held = f' ({_plural(holds, "hold")})' if holds else ''
+    return f'[demo] bag {bag_time:4.1f}/{bag_duration:.1f} s | {node} | received {received} trajectories{held}'
 
 
 def start_server(checkpoint: Path, output: Path) -> Tuple[subprocess.Popen, Dict[str, object]]:
@@ -231,8 +256,9 @@ class Monitor:
 
     def progress_line(self, bag_time: float, bag_duration: float) -> str:
         with self._lock:
-            diag, at, received = dict(self.diagnostics), self.diagnostics_at, self.trajectories
-        return progress_text(bag_time, bag_duration, diag, None if at is None else time.monotonic() - at, received)
+            diag, at, received, holds = dict(self.diagnostics), self.diagnostics_at, self.trajectories, self.holds
+        return progress_text(bag_time, bag_duration, diag, None if at is None else time.monotonic() - at, received,
+                             holds)
 
     def close(self) -> None:
         from .replay.bag_io import BagWriter
@@ -336,13 +362,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             server.wait(10)
 
 
+def report_folders(output: Path, policy: str, remote: bool) -> Tuple[Path, Path]:
+    """The offline reports: ``report`` for the trained default, ``report_<policy>`` for the others, ``_remote``
+    after either with --remote (so no run overwrites another's); and the random-weight pi0's ``report_random``."""
+    name = 'report' + ('' if policy == 'demo' else f'_{policy}') + ('_remote' if remote else '')
+    return output / name, output / 'report_random'
+
+
+def closing_note(policy: str, checkpoint: Path) -> str:
+    """The NOTE after the summary: what this run's checkpoint is, and how to run the default and a real policy."""
+    shipped = os.path.relpath(SHIPPED_PARAMS)
+    if policy == 'demo':
+        head = ('NOTE: the embedded default (builtin:demo) is a tiny pi0 trained on this sample bag only: it follows '
+                'the recorded motion and knows nothing else (a hold\'s end, which nothing in the inputs announces, '
+                'it cannot predict).')
+    else:
+        head = (f'NOTE: this run used a tiny {policy} with RANDOM weights ({checkpoint}): it shows that family\'s '
+                'plumbing (inputs, tick path, outputs, latency) only; its actions are meaningless. '
+                'The trained default is `python -m vla_policy_node.demo` (builtin:demo, a tiny pi0 trained on '
+                'this sample bag).')
+    return (f'{head} The shipped parameters run the trained default as they are:\n'
+            f'  vla_policy_node --ros-args --params-file {shipped}\n'
+            f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0, pi0.5 or '
+            'SmolVLA pretrained_model folder), tokenizer_path, joint_names and the camera topics, then:\n'
+            '  vla_policy_node --ros-args --params-file robot.yaml\n'
+            '(README: "Getting a real checkpoint"; the console scripts are in .venv/bin: `. .venv/bin/activate`).')
+
+
 def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote: Optional[Dict[str, object]]) -> int:
     live = run_live(paths, output, args.rate, remote)
     diag = live['diagnostics']
     _say('[demo] offline evaluation of the same bag (same params, same tick path)')
     from .replay.offline import replay
 
-    report, random_report = output / 'report', output / 'report_random'
+    report, random_report = report_folders(output, args.policy, remote is not None)
     for folder in (report, random_report):
         shutil.rmtree(folder, ignore_errors=True)
     result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']),
@@ -352,36 +405,40 @@ def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote:
     summary = result.summary
     live_error = command_error_of(live['plans'], paths['bag'], result.joint_names) if live['plans'] else None
     total = summary['latency_ms'].get('total', {})
+    holds = int(live['holds'])
     _say('\n=== demo summary ===')
-    _say(f"live over DDS: {live['trajectories'] - live['holds']} chunks and {live['holds']} holds received for "
+    if remote is not None:
+        _say(f"backend: remote, against vla_policy_serve at {remote['remote_url']} (node and offline evaluation); "
+             f"node's remote figures: latency p50 {ms_text(diag.get('remote_latency_p50_ms'))} / p95 "
+             f"{ms_text(diag.get('remote_latency_p95_ms'))} (round trip), connected "
+             f"{diag.get('remote_connected', '?')}, reconnects {diag.get('remote_reconnects', '?')}, "
+             f"connect failures {diag.get('remote_connect_failures', '?')}; server log: {output / 'serve.log'}")
+    chunks = _plural(live['trajectories'] - holds, 'chunk')
+    why = ', the one the node sends once joint states arrive' if holds == 1 else ''
+    _say(f"live over DDS: received {live['trajectories']} trajectories ({chunks} and {_plural(holds, 'hold')}{why}) "
+         f"for "
          f"{diag.get('ticks', '?')} ticks, "
          f"cache hit rate {float(diag.get('cache_hit_rate', 0)):.0%}, latency p50 "
-         f"{diag.get('latency_total_p50_ms', '?')} ms / p95 {diag.get('latency_total_p95_ms', '?')} ms, "
+         f"{ms_text(diag.get('latency_total_p50_ms'))} / p95 {ms_text(diag.get('latency_total_p95_ms'))}, "
          f"skipped {diag.get('ticks_skipped', '?')}; stamps in bag time "
          f"{(live['first_stamp_ns'] or 0) / 1e9:.1f} .. {(live['last_stamp_ns'] or 0) / 1e9:.1f} s")
     _say(f"offline: {summary['ticks']} ticks, {summary['published']} trajectories, cache hits "
          f"{summary['cache']['hits']} / misses {summary['cache']['misses']}, latency p50 "
-         f"{total.get('p50', float('nan')):.1f} ms, p95 {total.get('p95', float('nan')):.1f} ms")
+         f"{ms_text(total.get('p50'))}, p95 {ms_text(total.get('p95'))}")
     _say(f'live trajectories (rosbag2): {live["live_bag"]}')
     _say(f'node log: {live["log"]}')
-    _say(f'report: {report}/summary.json, {report}/chunks.png, {report}/latency.png, {report}/handover.png, '
-         f'{report}/trajectories/ (the random weights: {random_report}/)')
+    _say(f'report: {report}/ (summary.json, chunks.png, latency.png, handover.png, trajectories/)')
+    _say(f'report of the random-weight pi0: {random_report}/')
     _say('\nper-joint RMSE against the recorded /joint_command [rad], same bag, seed '
          f"{summary['seed']}:")
     ran = 'trained' if args.policy == 'demo' else f'{args.policy} (random)'
+    # A ratio of two random models means nothing: only the trained default gets one.
+    ratio = (f'{ran} offline', 'pi0 random offline') if args.policy == 'demo' else None
     for line in error_table({f'{ran} offline': summary['command_error'],
-                             'random offline': random_result.summary['command_error'],
-                             f'{ran} live': live_error}, ratio=(f'{ran} offline', 'random offline')):
+                             'pi0 random offline': random_result.summary['command_error'],
+                             f'{ran} live': live_error}, ratio=ratio):
         _say('  ' + line)
-    shipped = os.path.relpath(SHIPPED_PARAMS)
-    _say('\nNOTE: the embedded default (builtin:demo) is a tiny pi0 trained on this sample bag only: it follows '
-         'the recorded motion and knows nothing else (a hold\'s end, which nothing in the inputs announces, '
-         f'it cannot predict). The shipped parameters run the same default as they are:\n'
-         f'  vla_policy_node --ros-args --params-file {shipped}\n'
-         f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0/pi0.5 '
-         'pretrained_model folder), tokenizer_path, joint_names and the camera topics, then:\n'
-         '  vla_policy_node --ros-args --params-file robot.yaml\n'
-         '(README: "Getting a real checkpoint"; the console scripts are in .venv/bin: `. .venv/bin/activate`).')
+    _say('\n' + closing_note(args.policy, paths['checkpoint']))
     return 0 if live['trajectories'] else 1
 
 
