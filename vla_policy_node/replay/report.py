@@ -290,8 +290,9 @@ def handover_figure(result: ReplayResult):
         axis.set_ylabel(f'{name}\n[rad]')
     handovers = [r for r in published if r.handover is not None]
     jump_axis = axes[joints, 0]
+    # Points, not a line: a tick that repeats an observation re-publishes from the same origin, at the same x.
     jump_axis.plot([(r.plan_start_ns - start) / NS_PER_SEC + r.plan_times_sec[0] for r in handovers],
-                   [r.handover.jump_max for r in handovers], 'o-', color='tab:red', markersize=3)
+                   [r.handover.jump_max for r in handovers], 'o', color='tab:red', markersize=3)
     jump_axis.set_ylim(bottom=0, top=max([r.handover.jump_max for r in handovers] + [0.0]) * 1.15 or None)
     jump_axis.set_ylabel('jump [rad]\n(largest joint)')
     jump_axis.set_title('largest per-joint jump at each hand-over (0 = seamless)', fontsize='small')
