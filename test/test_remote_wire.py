@@ -201,6 +201,23 @@ def test_sglang_camera_names_and_client_side_normalisation(servers, backends, ti
     assert np.allclose(chunk.actions, runtime.action_normalizer.unnormalize(server.actions.astype(np.float64)))
 
 
+def test_a_smolvla_folder_normalises_like_a_pi0_one(servers, backends, tmp_path):
+    # remote_stats_path reads the folder through the family registry: any family's processor files serve.
+    from vla_policy_node.policy.tiny_default import write_tiny_default
+    from vla_policy_node.runtime import PolicyRuntime
+
+    folder = write_tiny_default(tmp_path / 'tiny_smolvla', 'smolvla')
+    runtime = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32')
+    server = servers(profile='sglang')
+    backend = backends(values_for(server, remote_profile='sglang', remote_stats_path=str(folder),
+                                  camera_names=list(runtime.config.camera_names)))
+    state = np.linspace(-0.5, 0.5, 6)
+    chunk = backend.infer(observation(runtime.config.camera_names, state), seed=5)
+    assert np.allclose(server.requests[-1]['observation']['state'], runtime.state_normalizer.normalize(state),
+                       atol=1e-6)
+    assert np.allclose(chunk.actions, runtime.action_normalizer.unnormalize(server.actions.astype(np.float64)))
+
+
 def test_sglang_without_stats_is_refused_at_configure(servers):
     server = servers(profile='sglang')
     with pytest.raises(ParameterError, match='remote_stats_path'):

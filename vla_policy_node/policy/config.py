@@ -19,9 +19,7 @@ metadata, or load it only at the values we reproduce (policy/config_fields.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .config_fields import (ACTION_FEATURE, DEFAULT_ONLY, IMAGE_FEATURE_PREFIX, IMPLEMENTED, METADATA,  # noqa: F401
@@ -248,16 +246,6 @@ class PolicyConfig(PolicyLevelConfig):
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ConfigError(f'config.json is malformed: {exc!r}') from exc
-
-    @classmethod
-    def from_json_file(cls, path: Path) -> 'PolicyConfig':
-        try:
-            raw = json.loads(Path(path).read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f'no config.json at {path}') from exc
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f'{path} is not valid JSON: {exc}') from exc
-        return cls.from_lerobot_dict(raw)
 
 
 # ---- every config.json field, classified ---------------------------------------------------------

@@ -13,8 +13,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
 from ..params import ParameterError, effective
-from ..policy.checkpoint import CONFIG_FILE, CheckpointError, load_normalizers
-from ..policy.config import ConfigError, PolicyConfig
+from ..policy.checkpoint import CheckpointError, load_normalizers
+from ..policy.config_fields import ConfigError
+from ..policy.families import folder_config
 from .client import RemoteBackend, RemoteSettings, public_url
 from .profiles import PROFILES, KeyMapError, default_cameras, resolve_key_map
 
@@ -66,13 +67,13 @@ def check_url(url: str) -> None:
         raise ParameterError(f'remote_url must be ws://host[:port]/path or wss://..., got {public_url(url)!r}')
 
 
-def _stats(values: Mapping[str, Any]) -> Tuple[Optional[PolicyConfig], Optional[Tuple[Any, Any]]]:
+def _stats(values: Mapping[str, Any]) -> Tuple[Optional[Any], Optional[Tuple[Any, Any]]]:
     path = values['remote_stats_path']
     if not path:
         return None, None
     folder = Path(path)
     try:
-        config = PolicyConfig.from_json_file(folder / CONFIG_FILE)
+        config = folder_config(folder)          # any family's stats folder (pi0, pi0.5, SmolVLA ...)
         normalizers = load_normalizers(folder, config)
     except (ConfigError, CheckpointError, OSError) as exc:
         raise ParameterError(f'remote_stats_path {path}: {exc}') from exc
@@ -82,7 +83,7 @@ def _stats(values: Mapping[str, Any]) -> Tuple[Optional[PolicyConfig], Optional[
 
 
 def remote_config(values: Mapping[str, Any], metadata: Mapping[str, Any],
-                  stats_config: Optional[PolicyConfig]) -> RemoteConfig:
+                  stats_config: Optional[Any]) -> RemoteConfig:
     joints = list(effective(values, 'joint_names') or ())
     state_joints = list(effective(values, 'state_joint_names') or ())
     policy = metadata.get('policy') if isinstance(metadata.get('policy'), Mapping) else {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Dict, Optional, Type, Union
+from typing import Any, Dict, Optional, Tuple, Type, Union
 
 import torch
 
@@ -40,15 +40,29 @@ def family_class(type_name: Any) -> Type[PolicyFamily]:
     return _LOADED[type_name]
 
 
+def _folder_family(folder: Path) -> Tuple[Type[PolicyFamily], Dict[str, Any]]:
+    """The family a folder's config.json ``type`` names, and that config.json; CheckpointError otherwise."""
+    from ..checkpoint import CheckpointError, read_config_json
+    if not folder.is_dir():
+        raise CheckpointError(f'checkpoint folder {folder} does not exist')
+    raw = read_config_json(folder)
+    try:
+        return family_class(raw.get('type')), raw
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from exc
+
+
 def load_policy(folder: Union[str, Path], device: torch.device, dtype: torch.dtype,
                 tokenizer_path: Optional[Union[str, Path]] = None, **options: Any) -> PolicyFamily:
     """Load a lerobot ``pretrained_model/`` folder with the family its config.json ``type`` names."""
-    from ..checkpoint import CheckpointError, read_config_json
     folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    try:
-        family = family_class(read_config_json(folder).get('type'))
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from exc
+    family, _ = _folder_family(folder)
     return family.load(folder, device, dtype, Path(tokenizer_path) if tokenizer_path else None, **options)
+
+
+def folder_config(folder: Union[str, Path]) -> Any:
+    """A folder's family config without its weights (config.json and what the family reads beside it), for any
+    family; ConfigError / CheckpointError as loading gives them."""
+    folder = Path(folder)
+    family, raw = _folder_family(folder)
+    return family.folder_config(folder, raw)
