@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 from bench_runtime import camera_frames, random_runtime  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.policy.rtc import RTCSettings  # noqa: E402
-from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer  # noqa: E402
-from vla_policy_node.policy.tokenizer import PromptTokenizer  # noqa: E402
+from vla_policy_node.policy.families.pi0.tiny_tokenizer import build_test_tokenizer  # noqa: E402
+from vla_policy_node.policy.families.pi0.tokenizer import PromptTokenizer  # noqa: E402
 from vla_policy_node.runtime import resolve_device, resolve_dtype  # noqa: E402
 
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'

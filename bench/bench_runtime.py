@@ -41,11 +41,11 @@ for _path in (ROOT, ROOT / 'bench'):
 
 from vla_policy_node.cache import PrefixKeyBuilder  # noqa: E402
 from vla_policy_node.images import RawImage  # noqa: E402
-from vla_policy_node.policy.config import preset  # noqa: E402
+from vla_policy_node.policy.families.pi0.config import preset  # noqa: E402
 from vla_policy_node.policy.families import family_class  # noqa: E402
 from vla_policy_node.policy.layers import LlamaRMSNorm  # noqa: E402
 from vla_policy_node.policy.normalize import FeatureNormalizer  # noqa: E402
-from vla_policy_node.policy.smolvla_config import smolvla_preset  # noqa: E402
+from vla_policy_node.policy.families.smolvla.config import smolvla_preset  # noqa: E402
 from vla_policy_node.policy.tiny_default import statistics as norm_statistics  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.runtime import STAGES, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402

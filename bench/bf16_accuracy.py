@@ -34,8 +34,9 @@ for _path in (ROOT, ROOT / 'test'):
         sys.path.insert(0, str(_path))
 
 from vla_policy_node.policy import gemma, layers  # noqa: E402
-from vla_policy_node.policy.config import GEMMA_VARIANTS, VisionSize, preset  # noqa: E402
-from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
+from vla_policy_node.policy.families.pi0.config import GEMMA_VARIANTS, preset  # noqa: E402
+from vla_policy_node.policy.siglip import VisionSize  # noqa: E402
+from vla_policy_node.policy.families.pi0.model import PiZeroModel  # noqa: E402
 import test_model_parity as parity  # noqa: E402  (test/ is on sys.path)
 
 SMALL_VISION = VisionSize(width=128, depth=1, mlp_dim=256, num_heads=2, patch_size=14)

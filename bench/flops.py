@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Dict
 
-from vla_policy_node.policy.config import GemmaSize, PolicyConfig, VisionSize
-from vla_policy_node.policy.smolvla_config import SmolVLAConfig
+from vla_policy_node.policy.families.pi0.config import GemmaSize, PolicyConfig, VisionSize
+from vla_policy_node.policy.families.smolvla.config import SmolVLAConfig
 
 
 def _linear(rows: int, fan_in: int, fan_out: int) -> int:

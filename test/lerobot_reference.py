@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from vla_policy_node.policy.checkpoint import load_checkpoint
+from vla_policy_node.policy.families import load_checkpoint
 
 CPU = torch.device('cpu')
 EPS = 1e-8   # NormalizerProcessorStep / UnnormalizerProcessorStep default eps

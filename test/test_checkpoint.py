@@ -12,10 +12,11 @@ from safetensors.torch import load_file, save_file
 
 from runtime_fixtures import make_observation, tiny_checkpoints  # noqa: F401
 from vla_policy_node.cache.key import weights_digest
-from vla_policy_node.policy.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from vla_policy_node.policy.config import preset
+from vla_policy_node.policy.checkpoint import CheckpointError
+from vla_policy_node.policy.families import load_checkpoint, save_checkpoint
+from vla_policy_node.policy.families.pi0.config import preset
 from vla_policy_node.policy.tiny_default import random_model, statistics
-from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer
+from vla_policy_node.policy.families.pi0.tiny_tokenizer import build_test_tokenizer
 from vla_policy_node.runtime import PolicyRuntime
 
 PACKAGE = Path(__file__).resolve().parents[1] / 'vla_policy_node'

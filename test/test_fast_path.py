@@ -13,8 +13,8 @@ from vla_policy_node.fast_path import (CapturedGraph, EntryToken, FastPathError,
                                        StaticDenoiser, check_buckets, fit_to_bucket, prompt_bucket,
                                        resolve_cuda_graphs, tree_copy_, tree_nbytes)
 from vla_policy_node.params import problems, resolve_values
-from vla_policy_node.policy.config import preset
-from vla_policy_node.policy.pi0 import PiZeroModel
+from vla_policy_node.policy.families.pi0.config import preset
+from vla_policy_node.policy.families.pi0.model import PiZeroModel
 from vla_policy_node.policy.rtc import RTCSettings
 from vla_policy_node.policy.tiny_default import write_tiny_default
 from vla_policy_node.runtime import PolicyRuntime

@@ -5,11 +5,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from vla_policy_node.policy.checkpoint import load_checkpoint, save_checkpoint
-from vla_policy_node.policy.config import GemmaSize, preset
+from vla_policy_node.policy.families import load_checkpoint, save_checkpoint
+from vla_policy_node.policy.families.pi0.config import preset
+from vla_policy_node.policy.gemma import GemmaSize
 from vla_policy_node.policy.gemma import GemmaSelfAttention
 from vla_policy_node.policy.layers import FusedProjection, GemmaMLP, fuse_projections, rope_cos_sin
-from vla_policy_node.policy.pi0 import PiZeroModel
+from vla_policy_node.policy.families.pi0.model import PiZeroModel
 from vla_policy_node.policy.tiny_default import statistics
 from test_model_parity import ref_rope  # lerobot's rotate-half RoPE, written out
 

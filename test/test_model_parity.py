@@ -12,11 +12,13 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip('transformers')
 
-from vla_policy_node.policy.config import GemmaSize, VisionSize, preset  # noqa: E402
+from vla_policy_node.policy.families.pi0.config import preset  # noqa: E402
+from vla_policy_node.policy.gemma import GemmaSize  # noqa: E402
+from vla_policy_node.policy.siglip import VisionSize  # noqa: E402
 from vla_policy_node.policy.gemma import GemmaStack  # noqa: E402
 from vla_policy_node.policy.layers import (ATTENTION_MASK_VALUE, GemmaMLP, RMSNorm, additive_mask,  # noqa: E402
                                            rope_cos_sin)
-from vla_policy_node.policy.pi0 import PiZeroModel  # noqa: E402
+from vla_policy_node.policy.families.pi0.model import PiZeroModel  # noqa: E402
 from vla_policy_node.policy.siglip import SiglipVisionTransformer  # noqa: E402
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from vla_policy_node.params import (PARAMETERS, SPECS, ParameterError, effective, problems, resolve_values,
                                     validate)
-from vla_policy_node.policy.config import preset
+from vla_policy_node.policy.families.pi0.config import preset
 
 JOINTS = [f'joint_{i}' for i in range(1, 7)]
 CONFIG = preset('tiny')            # 6 actions, 6 state values, chunk 10, three cameras

@@ -8,7 +8,7 @@ import pytest
 from runtime_fixtures import make_observation, rgb_image
 from vla_policy_node.observation import InputBuffer
 from vla_policy_node.params import ParameterError, resolve_values, validate
-from vla_policy_node.policy.config import preset
+from vla_policy_node.policy.families.pi0.config import preset
 from vla_policy_node.policy.relative_actions import relative_action_mask, to_absolute_actions
 from vla_policy_node.policy.tiny_default import TINY_ACTION_NAMES, write_random_checkpoint, write_tiny_default
 from vla_policy_node.runtime import PolicyRuntime

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from runtime_fixtures import make_observation, tiny_checkpoint, tiny_checkpoints  # noqa: F401
-from vla_policy_node.policy.config import preset
+from vla_policy_node.policy.families.pi0.config import preset
 from vla_policy_node.policy.rtc import RTCSettings, guidance_weight, prefix_weights
 from vla_policy_node.policy.tiny_default import random_model
 from vla_policy_node.runtime import PolicyRuntime

@@ -10,12 +10,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_policy_node.observation import Observation, ObservationError
-from vla_policy_node.policy.checkpoint import CheckpointError, load_checkpoint
+from vla_policy_node.policy.checkpoint import CheckpointError
+from vla_policy_node.policy.families import load_checkpoint
 from vla_policy_node.policy.config_fields import DEFAULT_ONLY, ConfigError
 from vla_policy_node.policy.families import family_class, load_policy
 from vla_policy_node.policy.layers import additive_mask, fold_mask, grouped_query_attention, split_half_rope_tables
 from vla_policy_node.policy.rtc import RTCSettings
-from vla_policy_node.policy.smolvla_config import SMOLVLA_CONFIG_FIELDS, SmolVLAConfig, smolvla_preset
+from vla_policy_node.policy.families.smolvla.config import SMOLVLA_CONFIG_FIELDS, SmolVLAConfig, smolvla_preset
 from vla_policy_node.policy.tiny_default import write_random_checkpoint, write_tiny_default
 from vla_policy_node.runtime import PolicyRuntime
 
@@ -310,7 +311,7 @@ def test_a_frame_or_instruction_change_misses(runtime):
 def test_a_hit_equals_its_miss_bit_for_bit_and_never_writes_the_entry(runtime):
     miss = runtime.infer(Observation(frames(), STATE, TASK), seed=5)
     context = runtime.cache.get(miss.key)
-    stored = [context.kv.clone(), context.pad_mask.clone()] + [t.clone() for t in context.extra]
+    stored = [context.kv.clone(), context.pad_mask.clone()] + [t.clone() for t in context.extra.values()]
     rtc = RTCSettings()
     for state in (OTHER_STATE, STATE * 0.5, STATE):
         runtime.infer(Observation(frames(), state, TASK), seed=5)
@@ -319,7 +320,7 @@ def test_a_hit_equals_its_miss_bit_for_bit_and_never_writes_the_entry(runtime):
     hit = runtime.infer(Observation(frames(), STATE, TASK), seed=5)
     assert hit.cache_hit
     np.testing.assert_array_equal(hit.actions, miss.actions)
-    for before, after in zip(stored, [context.kv, context.pad_mask] + list(context.extra)):
+    for before, after in zip(stored, [context.kv, context.pad_mask] + list(context.extra.values())):
         assert torch.equal(before, after)
     assert context.nbytes == runtime.config.cache_entry_bytes(4) and runtime.prefix_bytes() == context.nbytes - \
         context.pad_mask.numel()
@@ -360,7 +361,7 @@ def test_bf16_runs_the_decoder_in_bf16_and_keeps_the_rest_fp32(tiny):
     chunk = runtime.infer(Observation(frames(), STATE, TASK), seed=0)
     assert np.all(np.isfinite(chunk.actions))
     context = runtime.cache.get(chunk.key)
-    assert context.kv.dtype == torch.bfloat16 and context.extra[0].dtype == torch.float32
+    assert context.kv.dtype == torch.bfloat16 and context.extra['cross_kv'].dtype == torch.float32
     assert context.nbytes == runtime.config.cache_entry_bytes(2)
 
 

@@ -1,12 +1,12 @@
-"""Tests for vla_policy_node.policy.tokenizer (pi0 / pi0.5 prompt tokenization)."""
+"""Tests for vla_policy_node.policy.families.pi0.tokenizer (pi0 / pi0.5 prompt tokenization)."""
 import time
 
 import numpy as np
 import pytest
 
 from tokenizer_fixtures import export_tokenizer_json
-from vla_policy_node.policy.tiny_tokenizer import build_test_tokenizer
-from vla_policy_node.policy.tokenizer import (
+from vla_policy_node.policy.families.pi0.tiny_tokenizer import build_test_tokenizer
+from vla_policy_node.policy.families.pi0.tokenizer import (
     PromptTokenizer,
     TokenizerError,
     discretize_state,

@@ -17,7 +17,7 @@ import yaml
 
 from vla_policy_node.observation import Observation
 from vla_policy_node.params import BUILTIN_DEMO
-from vla_policy_node.policy.config import preset
+from vla_policy_node.policy.families.pi0.config import preset
 from vla_policy_node.policy.tiny_default import random_model, write_tiny_default
 from vla_policy_node.replay.make_bag import SampleBagSpec, joint_state_at, render_frame, write_sample_bag
 from vla_policy_node.replay.offline import replay

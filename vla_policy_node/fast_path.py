@@ -1,11 +1,12 @@
 """The GPU fast path: a static K/V workspace, the whole denoise loop as one CUDA graph, the prefix as a
 graph, prompt-length buckets. Runtime-side and family-agnostic.
 
-A family supplies three calls (policy/pi0.py, policy/smolvla.py; the seam in SEAM.md section 1):
+A family supplies three calls (declared by policy/family.py, PolicyModel and PolicyFamily; the seam in
+docs/architecture.md):
 
     workspace_spec(context) -> ((prefix tensor [.., P, D], full length), ...)
-        the K/V workspaces its loop reads: each is the prefix tensor of the entry (pi0: the K/V; SmolVLA:
-        the K/V and the cross layers' projected K/V) extended along the token axis to the full length.
+        the K/V workspaces its loop reads: each is a prefix tensor of the entry (the K/V, or one of the
+        family's named extra tensors) extended along the token axis to the full length.
     chunk_setup(context, state, noise, num_steps, *, rtc keywords, workspace=buffers) -> chunk
         per chunk, eager: the state part of the K/V workspace, the suffix layout, the time terms, the RTC
         guide. ``workspace`` are buffers this module owns whose prefix parts already hold the entry's.
@@ -18,7 +19,7 @@ This module owns the buffers, the capture and the replay, one job each:
 - ``StaticWorkspace``: the K/V workspace at one prefix length (bucket) with its pad mask; the entry's
   K/V is copied in only when the workspace does not already hold that entry, decided by an
   ``EntryToken`` (cache key + generation counter), never by ``id()``.
-- ``tree_signature`` / ``tree_clone`` / ``tree_copy_``: a chunk (dataclasses, lists, tensors) as static
+- ``tree_signature`` / ``tree_clone`` / ``tree_copy_``: a chunk (dataclasses, lists, dicts, tensors) as static
   inputs: cloned once at capture, copied into on every replay (noise, state part, RTC leftover and weights).
 - ``GraphCache``: captured graphs, LRU, bounded by count and bytes.
 - ``StaticDenoiser``: the denoise through the workspace; ``graphs=False`` runs the very code a graph
@@ -73,8 +74,11 @@ def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
 
 def denoise_program(policy: Any) -> Optional[Any]:
     """What of a loaded family runs the static-workspace loop: the object offering ``workspace_spec``,
-    ``chunk_setup(..., workspace=)`` and ``euler_loop`` - the family itself or its model (pi0, pi0.5, SmolVLA)
-    - or None when the family offers no capturable denoise (it then runs eagerly)."""
+    ``chunk_setup(..., workspace=)`` and ``euler_loop`` (a PolicyFamily declares the three, delegating to its
+    model; a bare model offers them too), or None when the family says its denoise is not capturable
+    (``capturable_denoise`` False: it then runs eagerly)."""
+    if getattr(policy, 'capturable_denoise', True) is False:
+        return None
     for candidate in (policy, getattr(policy, 'model', None)):
         if candidate is not None and all(callable(getattr(candidate, name, None))
                                          for name in ('workspace_spec', 'chunk_setup', 'euler_loop')):
@@ -121,6 +125,8 @@ def tree_signature(obj: Any) -> Hashable:
         return obj
     if isinstance(obj, (list, tuple)):
         return (type(obj).__name__,) + tuple(tree_signature(item) for item in obj)
+    if isinstance(obj, dict):
+        return ('dict',) + tuple((key, tree_signature(obj[key])) for key in sorted(obj))
     if dataclasses.is_dataclass(obj):
         fields = tuple((f.name, tree_signature(getattr(obj, f.name))) for f in dataclasses.fields(obj))
         return (type(obj).__qualname__,) + fields
@@ -135,6 +141,8 @@ def tree_clone(obj: Any, keep: Tuple[torch.Tensor, ...] = ()) -> Any:
         return [tree_clone(item, keep) for item in obj]
     if isinstance(obj, tuple):
         return tuple(tree_clone(item, keep) for item in obj)
+    if isinstance(obj, dict):
+        return {key: tree_clone(value, keep) for key, value in obj.items()}
     if dataclasses.is_dataclass(obj):
         return dataclasses.replace(obj, **{f.name: tree_clone(getattr(obj, f.name), keep)
                                            for f in dataclasses.fields(obj) if f.init})
@@ -149,6 +157,9 @@ def tree_copy_(dst: Any, src: Any) -> None:
     elif isinstance(dst, (list, tuple)):
         for d, s in zip(dst, src):
             tree_copy_(d, s)
+    elif isinstance(dst, dict):
+        for key, value in dst.items():
+            tree_copy_(value, src[key])
     elif dataclasses.is_dataclass(dst):
         for f in dataclasses.fields(dst):
             tree_copy_(getattr(dst, f.name), getattr(src, f.name))
@@ -159,6 +170,8 @@ def tree_nbytes(obj: Any) -> int:
         return obj.numel() * obj.element_size()
     if isinstance(obj, (list, tuple)):
         return sum(tree_nbytes(item) for item in obj)
+    if isinstance(obj, dict):
+        return sum(tree_nbytes(value) for value in obj.values())
     if dataclasses.is_dataclass(obj):
         return sum(tree_nbytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
     return 0

@@ -22,7 +22,7 @@ from .backends import load_backend
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
 from .outputs import Output, build_outputs
 from .params import BUILTIN_DEMO, BUILTIN_TINY, effective, effective_output_topic, validate
-from .policy.config import PolicyConfig
+from .policy.family import PolicyLevelConfig
 from .policy.rtc import RTCSettings
 from .policy.tiny_default import builtin_tiny_checkpoint
 from .runtime import PolicyRuntime, set_cpu_threads
@@ -56,7 +56,7 @@ def default_camera_topic(name: str, compressed: bool = False) -> str:
     return f'cameras/{name}/image_raw' + ('/compressed' if compressed else '')
 
 
-def input_layout(values: Mapping[str, Any], config: PolicyConfig,
+def input_layout(values: Mapping[str, Any], config: PolicyLevelConfig,
                  resolve: Callable[[str], str] = absolute_topic) -> InputLayout:
     """Every input topic, resolved (the name on the wire, as logs and skip reasons give it), and the field it
     fills, in camera order (values already validated against config)."""

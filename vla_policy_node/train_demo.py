@@ -51,14 +51,16 @@ from torch import nn
 
 from .images import decode_frame, frame_from_msg
 from .observation import joint_positions
-from .policy.checkpoint import WEIGHTS_FILE, CheckpointError, save_checkpoint
-from .policy.config import ACTION_FEATURE, STATE_FEATURE, PolicyConfig, preset
+from .policy.checkpoint import WEIGHTS_FILE, CheckpointError
+from .policy.config_fields import ACTION_FEATURE, STATE_FEATURE
+from .policy.families import save_checkpoint
+from .policy.families.pi0.config import PolicyConfig, preset
 from .policy.layers import FusedProjection, additive_mask, fold_mask, rope_cos_sin, sincos_time_embedding
 from .policy.normalize import FeatureNormalizer
 from .policy.preprocess import image_to_unit_tensor, resize_with_pad, to_model_range
 from .policy.tiny_default import DEFAULT_SEED, random_model
-from .policy.tiny_tokenizer import build_test_tokenizer
-from .policy.tokenizer import PromptTokenizer
+from .policy.families.pi0.tiny_tokenizer import build_test_tokenizer
+from .policy.families.pi0.tokenizer import PromptTokenizer
 from .replay.bag_io import bag_topics, read_messages
 from .replay.make_bag import COMMAND_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, SampleBagSpec, write_sample_bag
 

@@ -12,7 +12,9 @@
 Strict means: a missing, unexpected or mis-shaped tensor is an error that
 names it. Tensors that real checkpoints carry but inference never reads are
 known to the family (``WeightKeys.known_unused``) and skipped, not loaded to the
-device. Which family reads a folder is config.json's ``type`` (policy/families).
+device. Which family reads a folder is config.json's ``type``: the registry
+(policy/families/__init__.py: ``load_checkpoint``, ``save_checkpoint``) asks it;
+this module knows no family.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from safetensors.numpy import save_file as save_numpy_file
 from safetensors.torch import save_file as save_torch_file
 from torch import nn
 
-from .config_fields import ACTION_FEATURE, STATE_FEATURE, ConfigError
+from .config_fields import ACTION_FEATURE, STATE_FEATURE
 from .layers import fuse_projections
 from .normalize import DEFAULT_EPS, FeatureNormalizer, NormalizationError, flatten_stats, split_flat_stats
 
@@ -247,20 +249,6 @@ def read_config_json(folder: Path) -> Dict[str, Any]:
     return raw
 
 
-def load_checkpoint(folder: Path, device: torch.device, compute_dtype: torch.dtype) -> LoadedCheckpoint:
-    """Config, model and statistics of a folder, by the family its config.json ``type`` names (no tokenizer)."""
-    from .families import family_class     # the families import this module: resolved at call time
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    raw = read_config_json(folder)
-    try:
-        family = family_class(raw.get('type'))
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from exc
-    return family.load_checkpoint(folder, raw, device, compute_dtype)
-
-
 def load_parts(folder: Path, config: Any, model_class: Callable[[Any], nn.Module], device: torch.device,
                compute_dtype: torch.dtype, keys: WeightKeys) -> LoadedCheckpoint:
     """What every family loads the same way once its config is parsed: statistics, relative-action steps,
@@ -333,10 +321,3 @@ def write_folder(folder: Path, config: Any, config_document: Mapping[str, Any], 
             (folder / TOKENIZER_DIR / path.name).write_bytes(path.read_bytes())
     return folder
 
-
-def save_checkpoint(folder: Path, model: nn.Module, state_stats: Mapping[str, np.ndarray],
-                    action_stats: Mapping[str, np.ndarray], tokenizer_file: Optional[Path] = None) -> Path:
-    """Write ``model`` and its statistics as a lerobot ``pretrained_model/`` folder (its family's layout)."""
-    from .families import family_class
-    return family_class(model.config.policy_type).save_checkpoint(folder, model, state_stats, action_stats,
-                                                                  tokenizer_file)

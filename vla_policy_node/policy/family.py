@@ -1,39 +1,50 @@
-"""The policy-family seam: what the runtime asks of any loaded policy (pi0, pi0.5, SmolVLA, ...).
+"""The policy-family seam: everything the rest of the package asks of a family, its model and its config.
 
-A family is one module under ``policy/families/`` with one ``PolicyFamily`` subclass
-and one registry line (``families/__init__.py``). The runtime, cache, node, replay,
-RTC, safety and benchmarks talk to this interface only and never test the type
-string; where families differ in what the runtime must do, a capability attribute
-says so (``state_in_prompt``).
+A family is a folder under ``policy/families/`` (config and field table, model, tokenizer, adapter) with one
+``PolicyFamily`` subclass and one registry line (``families/__init__.py``); docs/architecture.md says what a
+new one adds. The runtime, fast path, cache, doctor, tiny-checkpoint writer, demo, server and benchmarks
+talk to the three declarations of this module only and never test the type string; where families differ
+in what the runtime must do, a capability says so (``state_in_prompt``). Nothing here knows a family.
 
     raw observation --runtime--> (cameras, normalised state, instruction)
       prompt_tokens(instruction, state)      -> ids, mask              (tokens go into the cache key)
       image_to_model(unit)                   -> [3, h, w] in [-1, 1]   (cache miss only)
       fill_prefix(images, masks, ids, mask)  -> PrefixContext          (cache miss only; read-only after)
       denoise(context, state, noise, steps)  -> normalised actions [B, H, max_action_dim] fp32
+        = euler_loop(chunk_setup(...))       (the fast path: chunk_setup(workspace=) over workspace_spec's
+                                              buffers, the loop captured as one CUDA graph)
 
-Every family config carries the policy-level fields in ``POLICY_LEVEL_FIELDS`` (the
-params table, the tick and the replay read them) and ``cache_entry_bytes``.
+- ``PolicyLevelConfig``: what every family config offers (``POLICY_LEVEL_FIELDS``, the byte counts); the
+  parameter table, the tick, the replay, the doctor and the remote backend read these and nothing else.
+- ``PolicyModel``: the nn.Module a config builds (``PolicyFamily.model_class``): the four model calls, the
+  mixed precision the checkpoint reader and the doctor ask for, and the shared start of every chunk.
+- ``PolicyFamily``: one loaded policy (config, model, normalisers, tokenizer, options) and the class-level
+  knowledge of the family: parsing and loading, writing random-weight checkpoints, its tokenizer's source,
+  presets and FLOP counts for the benchmarks.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..cache.context import PrefixContext
+from .checkpoint import LoadedCheckpoint, WeightKeys, read_config_json
+from .layers import MixedPrecisionPolicy
 from .normalize import FeatureNormalizer
 from .preprocess import empty_camera_image
-from .rtc import RTCSettings
+from .rtc import RTCGuide, RTCSettings, prepare_guide
 from .tokenizer import TokenizerError
 
 # lerobot names the padding cameras it adds for `empty_cameras` like this.
 EMPTY_CAMERA_PREFIX = 'empty_camera_'
 
-# The fields (or properties) every family config offers, besides cache_entry_bytes(dtype_bytes).
+# The fields (or properties) every family config offers, besides the byte counts (kv_entry_bytes,
+# cache_entry_bytes): PolicyLevelConfig documents each.
 POLICY_LEVEL_FIELDS = (
     'policy_type', 'camera_names', 'all_camera_names', 'empty_cameras', 'image_resolution', 'chunk_size',
     'n_action_steps', 'state_dim', 'action_dim', 'max_state_dim', 'max_action_dim', 'num_inference_steps',
@@ -43,25 +54,48 @@ POLICY_LEVEL_FIELDS = (
 )
 
 
-class PolicyLevelConfig:
-    """Mixin of every family config dataclass: the derived policy-level fields and their shared checks.
+# ---- the config --------------------------------------------------------------------------------------------
 
-    The subclass declares the fields of ``POLICY_LEVEL_FIELDS`` (dataclass fields) and
-    ``tokens_per_image`` / ``prefix_len`` (properties of its architecture).
+class PolicyLevelConfig:
+    """Mixin of every family config dataclass: the policy-level fields, their shared checks, the byte counts.
+
+    The subclass declares the fields below as dataclass fields (or properties of its architecture):
+
+    - ``policy_type``: lerobot's config.json ``type``; ``camera_names``: the checkpoint's cameras in model
+      order; ``empty_cameras``: masked placeholder slots after them; ``image_resolution``: (height, width)
+      at the model.
+    - ``chunk_size``: actions per chunk; ``n_action_steps``: how many lerobot executes (<= chunk_size);
+      ``num_inference_steps``: Euler steps by default.
+    - ``state_dim`` / ``action_dim``: the robot's; ``max_state_dim`` / ``max_action_dim``: padded to, at the
+      model; ``normalization_mapping``: lerobot's modes per feature type.
+    - ``tokenizer_max_length``: prompt tokens (the prefix pads to it); ``vocab_size``: the embedding's rows.
+    - ``rtc_training_max_delay``: > 0 when trained for real-time chunking; ``use_relative_actions``,
+      ``relative_exclude_joints``, ``action_feature_names``: lerobot's relative actions.
+    - ``tokens_per_image``, ``prefix_len`` (the cached prefix: image slots x tokens + prompt tokens),
+      ``num_prefix_layers`` (layers of the stack the prefix runs through).
     """
 
     policy_type: str
     camera_names: Tuple[str, ...]
     empty_cameras: int
+    image_resolution: Tuple[int, int]
     chunk_size: int
     n_action_steps: int
+    num_inference_steps: int
     state_dim: int
     action_dim: int
     max_state_dim: int
     max_action_dim: int
+    normalization_mapping: Mapping[str, str]
+    tokenizer_max_length: int
+    vocab_size: int
     rtc_training_max_delay: int
     use_relative_actions: bool
+    relative_exclude_joints: Tuple[str, ...]
+    action_feature_names: Optional[Tuple[str, ...]]
+    tokens_per_image: int
     prefix_len: int
+    num_prefix_layers: int
 
     @property
     def all_camera_names(self) -> Tuple[str, ...]:
@@ -84,7 +118,7 @@ class PolicyLevelConfig:
         return None
 
     def kv_entry_bytes(self, dtype_bytes: int) -> int:
-        """Analytic bytes of the K/V tensors of one cache entry (the family's ``extra`` included)."""
+        """Analytic bytes of the K/V tensors of one cache entry (the family's ``extra`` tensors included)."""
         raise NotImplementedError
 
     def cache_entry_bytes(self, dtype_bytes: int) -> int:
@@ -119,13 +153,142 @@ def check_chunk_inputs(config: PolicyLevelConfig, context: PrefixContext, noise:
     return steps
 
 
-class PolicyFamily(ABC):
-    """One loaded policy of one family: config, model, normalisers, tokenizer and the four model calls.
+# ---- the model ---------------------------------------------------------------------------------------------
 
-    Subclasses set ``type_name`` (lerobot's config.json ``type``) and implement the
-    class-level ``load`` and the instance calls. ``options`` are the family's own
-    switches (``option_defaults`` names them); asking a family for an option it does
-    not have (with a non-default value) is refused by name.
+# What a workspace is made of: per buffer, the entry's prefix tensor [.., P, D] and the full token length.
+WorkspaceSpec = Tuple[Tuple[torch.Tensor, int], ...]
+
+
+@dataclass
+class ChunkStart:
+    """What every chunk starts from: the checked step count, the K/V workspace (one buffer per
+    ``workspace_spec`` entry, its prefix part holding the entry's), the RTC guide or None, the noise in fp32."""
+
+    num_steps: int
+    workspace: Tuple[torch.Tensor, ...]
+    guide: Optional[RTCGuide]
+    noise: torch.Tensor
+
+
+def chunk_workspace(spec: WorkspaceSpec, workspace: Optional[Sequence[torch.Tensor]] = None
+                    ) -> Tuple[torch.Tensor, ...]:
+    """The buffers a chunk writes its suffix into: ``workspace`` (caller-owned, already holding the prefix:
+    the static workspace of fast_path.py), checked against ``spec``; or new ones with the prefix copied in,
+    so the stored context is never written."""
+    shapes = [((*source.shape[:-2], int(length), source.shape[-1]), source.dtype) for source, length in spec]
+    if workspace is None:
+        buffers = []
+        for (source, _), (shape, _) in zip(spec, shapes):
+            buffer = source.new_empty(shape)
+            buffer[..., :source.shape[-2], :] = source
+            buffers.append(buffer)
+        return tuple(buffers)
+    if len(workspace) != len(spec) or any(tuple(buffer.shape) != shape or buffer.dtype != dtype
+                                          for buffer, (shape, dtype) in zip(workspace, shapes)):
+        raise ValueError(f'workspace must be {[(list(shape), dtype) for shape, dtype in shapes]}, got '
+                         f'{[(list(buffer.shape), buffer.dtype) for buffer in workspace]}')
+    return tuple(workspace)
+
+
+class PolicyModel(MixedPrecisionPolicy):
+    """The nn.Module a family config builds: inference only, module names as lerobot's checkpoint keys.
+
+    The runtime and the fast path call the four model calls (``fill_prefix``, ``workspace_spec``,
+    ``chunk_setup``, ``euler_loop``; ``denoise`` and ``sample_actions`` are built from them here); the
+    checkpoint reader and the doctor call ``param_dtype`` (which parameters stay fp32 under a bf16 compute
+    dtype) and ``set_compute_dtype``; ``device`` and ``compute_dtype`` say where and how it runs.
+    ``config`` is the family config it was built from.
+    """
+
+    config: Any
+
+    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                    token_masks: torch.Tensor) -> PrefixContext:
+        """images [B, N, 3, H, W] in [-1, 1]; image_masks [B, N] bool; tokens, token_masks [B, L] -> the
+        read-only context of the prefix (per-layer K/V, the pad mask, the family's named ``extra``)."""
+        raise NotImplementedError
+
+    def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
+        """The K/V workspaces the loop reads: per buffer the entry's prefix tensor [.., P, D] and the length
+        [.., P + suffix, D] it is extended to (fast_path.py allocates them once per shape)."""
+        raise NotImplementedError
+
+    def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
+                    num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                    inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                    rtc: Optional[RTCSettings] = None, workspace: Optional[Sequence[torch.Tensor]] = None) -> Any:
+        """Everything fixed for one chunk (eager, may synchronise): ``start_chunk``'s part, then the family's
+        state part in the workspace, the suffix layout and the time terms. ``workspace``: buffers as
+        ``workspace_spec`` describes them whose prefix parts already hold the entry (nothing is copied then).
+        Returns the chunk ``euler_loop`` takes: a dataclass of tensors and plain values (fast_path.py treats it
+        as a graph's static inputs)."""
+        raise NotImplementedError
+
+    def euler_loop(self, chunk: Any) -> torch.Tensor:
+        """Every Euler step (and RTC's guidance) from the chunk's tensors only -> normalised actions
+        [B, H, max_action_dim] fp32. No host synchronisation, no Python branch on a tensor value: it is
+        captured as one CUDA graph."""
+        raise NotImplementedError
+
+    def start_chunk(self, context: PrefixContext, noise: torch.Tensor, num_steps: Optional[int],
+                    workspace: Optional[Sequence[torch.Tensor]], *, prev_chunk_left_over: Optional[torch.Tensor],
+                    inference_delay: int, execution_horizon: Optional[int], rtc: Optional[RTCSettings]) -> ChunkStart:
+        """The part of ``chunk_setup`` every family shares: the inputs checked, the workspace (new, with the
+        prefix copied in, or the caller's, checked), the RTC guide for the previous chunk's leftover."""
+        steps = check_chunk_inputs(self.config, context, noise, num_steps)
+        buffers = chunk_workspace(self.workspace_spec(context), workspace)
+        guide = prepare_guide(prev_chunk_left_over, noise, steps, inference_delay, execution_horizon, rtc,
+                              self.config.rtc_training_max_delay)
+        return ChunkStart(steps, buffers, guide, noise.float())
+
+    @torch.no_grad()
+    def denoise(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
+                num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
+                inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                rtc: Optional[RTCSettings] = None) -> torch.Tensor:
+        """Flow-matching Euler integration against a read-only prefix: ``chunk_setup`` then ``euler_loop``.
+
+        state [B, max_state_dim] (normalised, zero-padded; a family that takes the state through the prompt
+        ignores it); noise [B, H, max_action_dim]. With ``rtc`` and a previous chunk's unexecuted actions
+        (normalised, [T, A'] or [B, T, A']), the chunk continues them (policy/rtc.py: guided or trained mode,
+        d = inference_delay, E = execution_horizon); without, the loop is exactly the plain one.
+        Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
+        """
+        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.euler_loop(chunk)
+
+    def sample_actions(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                       token_masks: torch.Tensor, state: Optional[torch.Tensor], noise: Optional[torch.Tensor] = None,
+                       num_steps: Optional[int] = None, **continuation: Any) -> torch.Tensor:
+        """Reference-shaped call: prefix then denoise (same RTC keywords; noise None: standard normal).
+        Returns normalised actions [B, H, max_action_dim]."""
+        context = self.fill_prefix(images, image_masks, tokens, token_masks)
+        if noise is None:
+            noise = torch.randn(images.shape[0], self.config.chunk_size, self.config.max_action_dim,
+                                device=self.device)
+        return self.denoise(context, state, noise, num_steps, **continuation)
+
+
+# ---- the family ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TokenizerSource:
+    """Where a family's tokenizer comes from when a folder has none (the doctor's fetch command)."""
+
+    file_name: str          # the file the family reads from tokenizer/ (tokenizer.model, tokenizer.json)
+    hub_name: str           # the Hub repository lerobot's tokenizer step names when the checkpoint does not
+    access_note: str = ''   # what to do first (a gated repository's licence), or '' for a generic note
+
+
+class PolicyFamily(ABC):
+    """One loaded policy of one family: config, model, normalisers, tokenizer and the model calls.
+
+    Subclasses set ``type_name`` (lerobot's config.json ``type``) and the class attributes below, and
+    implement the class-level ``parse_config`` / ``load_checkpoint`` / ``save_checkpoint`` and the instance
+    calls ``prompt_tokens`` / ``image_to_model``. ``options`` are the family's own switches
+    (``option_defaults`` names them); an option of another family with a non-default value is refused by
+    name (an option no family has is refused as unknown by the registry, ``families.load_policy``).
     """
 
     type_name: ClassVar[str] = ''
@@ -134,12 +297,22 @@ class PolicyFamily(ABC):
     state_in_prompt: ClassVar[bool] = False
     # The family's own load options and their defaults (runtime keyword arguments pass through).
     option_defaults: ClassVar[Mapping[str, Any]] = {}
-    # The nn.Module class the family's config builds and its tokenizer class (``from_path``), for
-    # random-weight checkpoints and benchmarks.
+    # The PolicyModel class the family's config builds, and its tokenizer class (``from_path``, ``vocab_size``,
+    # ``identity``), for loading, random-weight checkpoints, the doctor and the benchmarks.
     model_class: ClassVar[Any] = None
     tokenizer_class: ClassVar[Any] = None
+    # How model.safetensors keys map onto the model's (renames, tensors known to be unused, tied stand-ins).
+    weight_keys: ClassVar[WeightKeys] = WeightKeys()
+    # Where the tokenizer comes from, for the error when a folder has none.
+    tokenizer_hint: ClassVar[str] = ''
+    # Capability: the denoise is ``chunk_setup(workspace=)`` + ``euler_loop`` over ``workspace_spec``'s buffers,
+    # so the fast path can run it in its static workspace and capture the loop (fast_path.denoise_program).
+    # A family whose denoise is something else overrides ``denoise`` and sets False: it then runs eagerly.
+    capturable_denoise: ClassVar[bool] = True
+    # The named configurations ``preset`` builds (benchmarks); names are unique across the registry.
+    preset_names: ClassVar[Tuple[str, ...]] = ()
 
-    def __init__(self, config: Any, model: torch.nn.Module, state_normalizer: FeatureNormalizer,
+    def __init__(self, config: Any, model: PolicyModel, state_normalizer: FeatureNormalizer,
                  action_normalizer: FeatureNormalizer, tokenizer: Any, weights_path: Path,
                  **options: Any) -> None:
         self.config = config
@@ -164,17 +337,14 @@ class PolicyFamily(ABC):
     # ---- loading ---------------------------------------------------------------------------
     @classmethod
     @abstractmethod
-    def parse_config(cls, raw: Mapping[str, Any]) -> Any:
+    def parse_config(cls, raw: Mapping[str, Any]) -> PolicyLevelConfig:
         """config.json content -> the family config, every field classified (unknown ones refused)."""
 
     @classmethod
     @abstractmethod
     def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
-                        dtype: torch.dtype) -> Any:
+                        dtype: torch.dtype) -> LoadedCheckpoint:
         """Config (from config.json ``raw``), strict weights and statistics -> checkpoint.LoadedCheckpoint."""
-
-    # Where the tokenizer comes from, for the error when a folder has none.
-    tokenizer_hint: ClassVar[str] = ''
 
     @classmethod
     def config_fields(cls) -> Mapping[str, Any]:
@@ -183,16 +353,20 @@ class PolicyFamily(ABC):
         return {}
 
     @classmethod
-    def folder_config(cls, folder: Path, raw: Mapping[str, Any]) -> Any:
+    def folder_config(cls, folder: Path, raw: Mapping[str, Any]) -> PolicyLevelConfig:
         """The family config of a folder, from config.json ``raw`` and whatever else the family reads beside it
         (no weights); ConfigError / CheckpointError as ``load_checkpoint`` gives them."""
         return cls.parse_config(raw)
 
     @classmethod
+    def tokenizer_source(cls, config: PolicyLevelConfig) -> TokenizerSource:
+        """The tokenizer file this family reads and the Hub repository it comes from, for ``config``."""
+        raise NotImplementedError
+
+    @classmethod
     def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
              tokenizer_path: Optional[Path] = None, **options: Any) -> 'PolicyFamily':
         """A lerobot ``pretrained_model/`` folder -> a loaded policy (strict: refusals name what is wrong)."""
-        from .checkpoint import read_config_json
         options = cls.checked_options(options)     # refuse another family's option before loading anything
         loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype)
         tokenizer_file = tokenizer_path or loaded.tokenizer_path
@@ -206,6 +380,38 @@ class PolicyFamily(ABC):
                                  f'model embedding ({loaded.config.vocab_size})')
         return cls(loaded.config, loaded.model, loaded.state_normalizer, loaded.action_normalizer, tokenizer,
                    loaded.weights_path, **options)
+
+    # ---- writing random-weight checkpoints (the embedded tiny default, tests, benchmarks) ---------------------
+    @classmethod
+    def tiny_config(cls, **overrides: Any) -> PolicyLevelConfig:
+        """The family's tiny configuration (a few hundred thousand parameters): tests, the demo, builtin:tiny."""
+        raise NotImplementedError
+
+    @classmethod
+    def build_test_tokenizer(cls, folder: Path, vocab_size: int) -> Path:
+        """Train a small tokenizer of the family's kind into ``folder`` (deterministic, no download) and return
+        its file (what ``tokenizer_class.from_path`` reads)."""
+        raise NotImplementedError
+
+    @classmethod
+    @abstractmethod
+    def save_checkpoint(cls, folder: Path, model: PolicyModel, state_stats: Mapping[str, np.ndarray],
+                        action_stats: Mapping[str, np.ndarray], tokenizer_file: Optional[Path] = None) -> Path:
+        """Write ``model`` as a lerobot ``pretrained_model/`` folder of this family (config.json, weights with
+        the tensors real folders carry, processor files with the statistics, the tokenizer under tokenizer/)."""
+
+    # ---- benchmarks -----------------------------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, depth: Optional[int] = None) -> PolicyLevelConfig:
+        """The configuration ``name`` of ``preset_names``; ``depth``: layers per tower for a preset cut in
+        depth (the others ignore it)."""
+        raise NotImplementedError
+
+    @classmethod
+    def stage_flops(cls, config: PolicyLevelConfig, num_steps: int) -> Dict[str, int]:
+        """{'prefix': FLOPs of a miss's prefix, 'denoise': FLOPs of one chunk's denoise}, from the config alone:
+        every matrix product the implementation runs, 2 FLOPs per multiply-add (bench/flops.py)."""
+        raise NotImplementedError
 
     # ---- device ------------------------------------------------------------------------------
     @property
@@ -235,17 +441,30 @@ class PolicyFamily(ABC):
         By default the model's own ``fill_prefix``."""
         return self.model.fill_prefix(images, image_masks, tokens, token_masks)
 
+    def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
+        """The model's ``workspace_spec`` (the fast path sizes its static workspace from it)."""
+        return self.model.workspace_spec(context)
+
+    def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
+                    num_steps: Optional[int] = None, **continuation: Any) -> Any:
+        """The model's ``chunk_setup`` (RTC keywords and ``workspace=`` as there)."""
+        return self.model.chunk_setup(context, state, noise, num_steps, **continuation)
+
+    def euler_loop(self, chunk: Any) -> torch.Tensor:
+        """The model's ``euler_loop``: what the fast path captures as one CUDA graph."""
+        return self.model.euler_loop(chunk)
+
     def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
                 prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
                 execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
         """state [B, max_state_dim] (normalised, zero-padded); noise [B, H, max_action_dim]
         -> normalised actions [B, H, max_action_dim] fp32. ``context`` is never written.
 
-        By default the model's two halves: ``chunk_setup`` (everything fixed for the chunk: K/V workspace,
-        the state part, time terms, RTC guide) then ``euler_loop`` (the per-step loop alone)."""
-        chunk = self.model.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                                       inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        return self.model.euler_loop(chunk)
+        ``chunk_setup`` (everything fixed for the chunk: K/V workspace, the state part, time terms, RTC guide)
+        then ``euler_loop`` (the per-step loop alone)."""
+        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+        return self.euler_loop(chunk)
 
     def describe(self) -> Dict[str, Any]:
         """What /diagnostics and the replay summary show about the policy."""
@@ -254,3 +473,4 @@ class PolicyFamily(ABC):
         return {'policy_type': cfg.policy_type, 'cameras': list(cfg.all_camera_names),
                 'prefix_len': cfg.prefix_len, 'cache_entry_bytes': cfg.cache_entry_bytes(element),
                 'state_in_prompt': self.state_in_prompt, **{k: v for k, v in self.options.items()}}
+

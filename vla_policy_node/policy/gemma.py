@@ -8,14 +8,26 @@ map one to one.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
-from .config import GemmaSize
 from .layers import (AdaptiveRMSNorm, FusedProjection, GemmaMLP, RMSNorm, apply_rope, fold_mask,
                      grouped_query_attention)
+
+
+@dataclass(frozen=True)
+class GemmaSize:
+    """One Gemma stream: the language model or the action expert."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
 
 
 class GemmaSelfAttention(nn.Module):

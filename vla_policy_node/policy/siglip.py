@@ -5,12 +5,24 @@ so checkpoint keys map one to one.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import VisionSize
 from .layers import FusedProjection
+
+
+@dataclass(frozen=True)
+class VisionSize:
+    """SigLIP ViT without pooling head (PaliGemma's vision tower)."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    patch_size: int
 
 
 class SiglipEmbeddings(nn.Module):

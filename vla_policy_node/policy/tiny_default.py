@@ -16,8 +16,7 @@ import torch
 
 from torch import nn
 
-from .checkpoint import save_checkpoint
-from .families import family_class, known_types
+from .families import family_class, known_types, save_checkpoint
 from .layers import fuse_projections
 
 DEFAULT_SEED = 0

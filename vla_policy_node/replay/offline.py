@@ -26,7 +26,7 @@ from ..observation import InputBuffer, InputKind, SkipTick, joint_positions
 from ..outputs import split
 from ..params import ParameterError, load_params_file, resolve_values, validate
 from ..policy.checkpoint import CheckpointError
-from ..policy.config import ConfigError
+from ..policy.config_fields import ConfigError
 from ..policy.tokenizer import TokenizerError
 from ..safety import PlanKind, Review
 from ..settings import Configured, configure

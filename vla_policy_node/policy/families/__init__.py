@@ -1,25 +1,35 @@
-"""The policy-family registry: lerobot's config.json ``type`` -> the family module that reads it.
+"""The policy-family registry: lerobot's config.json ``type`` -> the family that reads it.
 
-Entries are "module:Class" strings, imported on first use, so loading a pi0 never
-imports SmolVLA's code and a broken optional family cannot break the others.
-A new family is its own module here plus one line in ``FAMILIES``.
+A family is a folder here, as lerobot's ``policies/<name>/``: its config and field table, its model,
+its tokenizer and its adapter (the ``PolicyFamily`` subclass of policy/family.py). Entries are
+"module:Class" strings, imported on first use, so loading one family never imports another's code
+and a broken optional family cannot break the others. A new family is its folder plus one line in
+``FAMILIES`` (docs/architecture.md).
+
+Everything that dispatches on a config.json ``type`` goes through this module (load, save, a folder's
+config, the options of the families); nothing else names a family.
 """
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Type, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 
+import numpy as np
 import torch
 
+from ..checkpoint import CheckpointError, LoadedCheckpoint, read_config_json
 from ..config_fields import ConfigError
 from ..family import PolicyFamily
 
 FAMILIES: Dict[str, str] = {
-    'pi0': 'vla_policy_node.policy.families.pi0:Pi0Family',
-    'pi05': 'vla_policy_node.policy.families.pi05:Pi05Family',
-    'smolvla': 'vla_policy_node.policy.families.smolvla:SmolVLAFamily',
+    'pi0': 'vla_policy_node.policy.families.pi0.adapter:Pi0Family',
+    'pi05': 'vla_policy_node.policy.families.pi05.adapter:Pi05Family',
+    'smolvla': 'vla_policy_node.policy.families.smolvla.adapter:SmolVLAFamily',
 }
+# The family of the embedded checkpoints (builtin:demo, builtin:tiny) and the default of the tools that
+# write a random-weight checkpoint (vla_policy_make_checkpoint, the demo's comparison model).
+EMBEDDED_TYPE = 'pi0'
 _LOADED: Dict[str, Type[PolicyFamily]] = {}
 
 
@@ -42,7 +52,6 @@ def family_class(type_name: Any) -> Type[PolicyFamily]:
 
 def _folder_family(folder: Path) -> Tuple[Type[PolicyFamily], Dict[str, Any]]:
     """The family a folder's config.json ``type`` names, and that config.json; CheckpointError otherwise."""
-    from ..checkpoint import CheckpointError, read_config_json
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
     raw = read_config_json(folder)
@@ -66,3 +75,17 @@ def folder_config(folder: Union[str, Path]) -> Any:
     folder = Path(folder)
     family, raw = _folder_family(folder)
     return family.folder_config(folder, raw)
+
+
+def load_checkpoint(folder: Union[str, Path], device: torch.device, compute_dtype: torch.dtype) -> LoadedCheckpoint:
+    """Config, model and statistics of a folder, by the family its config.json ``type`` names (no tokenizer)."""
+    folder = Path(folder)
+    family, raw = _folder_family(folder)
+    return family.load_checkpoint(folder, raw, device, compute_dtype)
+
+
+def save_checkpoint(folder: Union[str, Path], model: torch.nn.Module, state_stats: Mapping[str, np.ndarray],
+                    action_stats: Mapping[str, np.ndarray], tokenizer_file: Optional[Path] = None) -> Path:
+    """Write ``model`` and its statistics as a lerobot ``pretrained_model/`` folder, in its family's layout."""
+    return family_class(model.config.policy_type).save_checkpoint(Path(folder), model, state_stats, action_stats,
+                                                                  tokenizer_file)

@@ -17,15 +17,15 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
+from ...checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                           normalizer_step, relative_step, write_folder)
-from ..config import PaliGemmaTraits, PolicyConfig, fields_for, preset
-from ..config_fields import ConfigError
-from ..family import PolicyFamily
-from ..pi0 import PiZeroModel
-from ..preprocess import resize_with_pad, to_model_range
-from ..tiny_tokenizer import build_test_tokenizer
-from ..tokenizer import PromptTokenizer
+from .config import PolicyConfig, fields_for, preset
+from ...config_fields import ConfigError
+from ...family import PolicyFamily
+from .model import PiZeroModel
+from ...preprocess import resize_with_pad, to_model_range
+from .tiny_tokenizer import build_test_tokenizer
+from .tokenizer import PromptTokenizer
 
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
 LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
@@ -43,10 +43,6 @@ class Pi0Family(PolicyFamily):
     """pi0 behind the family interface; pi0.5 overrides the class attributes and ``prompt_tokens``."""
 
     type_name: ClassVar[str] = 'pi0'
-    paligemma_traits: ClassVar[PaliGemmaTraits] = PaliGemmaTraits(
-        state_token=True, adaptive_expert=False, tokenizer_max_length=48,
-        normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'},
-        tiny_tokenizer_max_length=16)
     weight_keys: ClassVar[WeightKeys] = WeightKeys(renames=KEY_RENAMES,
                                                    known_unused=lambda key: key in LM_HEAD_KEYS,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})

@@ -6,10 +6,10 @@ and PaliGemma's SigLIP So400m/14. A checkpoint may carry a ``model_sizes``
 block (this project's extension, ignored by lerobot's fields) that overrides
 the sizes of any tower; the tiny preset and the bench configs use it.
 
-What differs between pi0 and pi0.5 is not tested here by type: each family
-module (``policy/families/pi0.py``, ``pi05.py``) supplies its ``PaliGemmaTraits``
-(state token or state in the prompt, adaptive expert norms, defaults), which
-the config looks up through the family registry.
+What differs between pi0 and pi0.5 is data, not a test of the type:
+``PALIGEMMA_TRAITS`` gives each type's ``PaliGemmaTraits`` (state token or
+state in the prompt, adaptive expert norms, defaults). One config class
+describes both types, as openpi's ``Pi0Config`` does with its ``pi05`` flag.
 
 Nothing in a config.json is ignored silently: ``LEROBOT_CONFIG_FIELDS`` says
 for every field of lerobot's ``PI0Config`` / ``PI05Config`` whether we
@@ -22,15 +22,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .config_fields import (ACTION_FEATURE, DEFAULT_ONLY, IMAGE_FEATURE_PREFIX, IMPLEMENTED, METADATA,  # noqa: F401
+from ...config_fields import (ACTION_FEATURE, DEFAULT_ONLY, IMAGE_FEATURE_PREFIX, IMPLEMENTED, METADATA,  # noqa: F401
                             PRETRAINED_CONFIG_FIELDS, STATE_FEATURE, TRAINING, ConfigError, ConfigField, bool_field,
                             check_fields, feature_documents, features, names_field, normalization_mapping, table)
-from .family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig  # noqa: F401
+from ...family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig  # noqa: F401
+from ...gemma import GemmaSize
+from ...siglip import VisionSize
 
 
 @dataclass(frozen=True)
 class PaliGemmaTraits:
-    """What a PaliGemma family does differently (given by its family module, not tested by type)."""
+    """What a PaliGemma type does differently (looked up by type in PALIGEMMA_TRAITS, never tested by name)."""
 
     state_token: bool               # pi0: the state is one suffix token (state_proj); pi0.5: in the prompt
     adaptive_expert: bool           # pi0.5: time enters the expert through adaptive RMSNorm (time_mlp_*)
@@ -39,39 +41,22 @@ class PaliGemmaTraits:
     tiny_tokenizer_max_length: int  # the tiny preset's prompt length
 
 
+PALIGEMMA_TRAITS: Dict[str, PaliGemmaTraits] = {
+    'pi0': PaliGemmaTraits(state_token=True, adaptive_expert=False, tokenizer_max_length=48,
+                           normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'},
+                           tiny_tokenizer_max_length=16),
+    'pi05': PaliGemmaTraits(state_token=False, adaptive_expert=True, tokenizer_max_length=200,
+                            normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'QUANTILES', 'ACTION': 'QUANTILES'},
+                            tiny_tokenizer_max_length=200),
+}
+
+
 def paligemma_traits(policy_type: Any) -> PaliGemmaTraits:
-    """The traits the family registered for ``policy_type``; ConfigError naming it when there are none."""
-    from .families import FAMILIES, family_class    # the registry imports this module: resolved at call time
-    if policy_type not in FAMILIES:
-        raise ConfigError(f'config.json "type" must be one of {PALIGEMMA_TYPES}, got {policy_type!r}')
-    traits = getattr(family_class(policy_type), 'paligemma_traits', None)
+    """The traits of ``policy_type``; ConfigError naming it and the types this config class describes."""
+    traits = PALIGEMMA_TRAITS.get(policy_type) if isinstance(policy_type, str) else None
     if traits is None:
-        raise ConfigError(f'type {policy_type!r} is not a PaliGemma family config (this config class '
-                          f'describes {PALIGEMMA_TYPES})')
+        raise ConfigError(f'config.json "type" must be one of {PALIGEMMA_TYPES}, got {policy_type!r}')
     return traits
-
-
-@dataclass(frozen=True)
-class GemmaSize:
-    """One Gemma stream: the language model or the action expert."""
-
-    width: int
-    depth: int
-    mlp_dim: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class VisionSize:
-    """SigLIP ViT without pooling head (PaliGemma's vision tower)."""
-
-    width: int
-    depth: int
-    mlp_dim: int
-    num_heads: int
-    patch_size: int
 
 
 GEMMA_VARIANTS: Dict[str, GemmaSize] = {
@@ -257,7 +242,7 @@ class PolicyConfig(PolicyLevelConfig):
 # fields only, so they share one table; ``policy_types`` says which class has a field.
 # test/test_config_fields.py holds those lists and fails when a field is missing here.
 
-PALIGEMMA_TYPES = ('pi0', 'pi05')       # the lerobot types this config class describes
+PALIGEMMA_TYPES = tuple(PALIGEMMA_TRAITS)       # the lerobot types this config class describes
 PI05_ONLY = ('pi05',)
 
 

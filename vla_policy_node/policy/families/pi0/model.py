@@ -16,19 +16,19 @@ Module names mirror lerobot's ``PI0Pytorch``/``PI05Pytorch`` so that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache.context import PrefixContext
+from ....cache.context import PrefixContext
 from .config import PolicyConfig
-from .gemma import GemmaStack
-from .family import check_chunk_inputs, check_prefix_inputs
-from .layers import MixedPrecisionPolicy, TimeEmbeddingTable, additive_mask, fold_mask, rope_cos_sin
-from .rtc import RTCGuide, RTCSettings, prepare_guide
-from .siglip import SiglipVisionTower
+from ...gemma import GemmaStack
+from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
+from ...layers import TimeEmbeddingTable, additive_mask, fold_mask, rope_cos_sin
+from ...rtc import RTCGuide, RTCSettings
+from ...siglip import SiglipVisionTower
 
 # Modules kept in fp32 when the transformer runs in bf16, as lerobot does: the
 # vision path, every norm (AdaRMS dense layers live inside the norms) and the
@@ -96,7 +96,7 @@ class PaliGemmaWithExpert(nn.Module):
         self.gemma_expert = GemmaExpert(config)
 
 
-class PiZeroModel(MixedPrecisionPolicy):
+class PiZeroModel(PolicyModel):
     """pi0 (a state token, time fused into the action tokens) or pi0.5 (state in the prompt, adaptive
     expert norms), as ``config.traits`` says; inference only. ``set_compute_dtype`` runs the two Gemma
     stacks in a dtype and keeps FP32_MODULE_MARKERS modules in fp32."""
@@ -223,24 +223,7 @@ class PiZeroModel(MixedPrecisionPolicy):
         cond = term if clean is not None else term[None].expand(batch, -1)              # [B, H, W] or [B, W]
         return action_tokens.to(self.compute_dtype), cond
 
-    @torch.no_grad()
-    def denoise(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
-                num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
-                inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        """Flow-matching Euler integration against a read-only prefix: ``chunk_setup`` then ``euler_loop``.
-
-        state [B, max_state_dim] (normalised; pi0 only, ignored by pi0.5); noise [B, H, max_action_dim].
-        With ``rtc`` and a previous chunk's unexecuted actions (normalised, [T, A'] or [B, T, A']), the
-        chunk continues them (policy/rtc.py: guided or trained mode, d = inference_delay, E =
-        execution_horizon); without, the loop is exactly the plain one.
-        Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
-        """
-        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        return self.euler_loop(chunk)
-
-    def workspace_spec(self, context: PrefixContext) -> Tuple[Tuple[torch.Tensor, int], ...]:
+    def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
         """The K/V workspace the loop reads: the prefix K/V extended by the suffix (fast_path.py)."""
         return ((context.kv, context.prefix_len + self.config.suffix_len),)
 
@@ -249,37 +232,25 @@ class PiZeroModel(MixedPrecisionPolicy):
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
                     rtc: Optional[RTCSettings] = None,
-                    workspace: Optional[Tuple[torch.Tensor, ...]] = None) -> 'ChunkSetup':
-        """Everything fixed for one chunk: K/V workspace (prefix copied in, pi0's state token written),
-        suffix layout, time terms and the RTC guide.
+                    workspace: Optional[Sequence[torch.Tensor]] = None) -> 'ChunkSetup':
+        """Everything fixed for one chunk: ``start_chunk`` (inputs checked, the K/V workspace with the prefix,
+        the RTC guide), then pi0's state token written into the workspace, the suffix layout, the time terms.
 
         ``workspace``: caller-owned buffers as ``workspace_spec`` describes them, whose prefix parts already hold
         the entry (the static workspace of vla_policy_node/fast_path.py); nothing is allocated or copied then,
-        and the state part is written into them."""
-        cfg = self.config
-        num_steps = check_chunk_inputs(cfg, context, noise, num_steps)
-        prefix_len = context.prefix_len
+        and the state part is written into them. The stored context is never written: each step writes only
+        the action tokens' part of the workspace."""
+        start = self.start_chunk(context, noise, num_steps, workspace, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
         layout = self._suffix_layout(context)
-        # The prefix K/V is copied once per chunk into a [P + S] buffer; each step
-        # writes only the action tokens' part, so the stored context is never touched.
-        shape = (*context.kv.shape[:4], prefix_len + cfg.suffix_len, context.kv.shape[-1])
-        if workspace is None:
-            workspace = context.kv.new_empty(shape)
-            workspace[..., :prefix_len, :] = context.kv
-        else:
-            (workspace,) = workspace
-            if tuple(workspace.shape) != shape or workspace.dtype != context.kv.dtype:
-                raise ValueError(f'workspace must be {list(shape)} {context.kv.dtype}, got '
-                                 f'{list(workspace.shape)} {workspace.dtype}')
+        (kv_workspace,) = start.workspace
         if layout.state is not None:
             if state is None:
                 raise ValueError('pi0 needs the normalised state')
             state_token = self.state_proj(state.float())[:, None].to(self.compute_dtype)   # [B, 1, W]
-            self._expert.write_kv(state_token, workspace, prefix_len, *layout.state)      # once per chunk
-        time_terms = self._time_terms(num_steps)                                        # [N + 1, W]
-        guide = prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
-                              cfg.rtc_training_max_delay)
-        return ChunkSetup(layout, workspace, time_terms, guide, noise.float(), num_steps)
+            self._expert.write_kv(state_token, kv_workspace, context.prefix_len, *layout.state)   # once per chunk
+        time_terms = self._time_terms(start.num_steps)                                  # [N + 1, W]
+        return ChunkSetup(layout, kv_workspace, time_terms, start.guide, start.noise, start.num_steps)
 
     @torch.no_grad()
     def euler_loop(self, chunk: 'ChunkSetup') -> torch.Tensor:
@@ -301,17 +272,3 @@ class PiZeroModel(MixedPrecisionPolicy):
             if guide is not None:
                 x_t = guide.clamp_prefix(x_t)
         return x_t
-
-    def sample_actions(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                       token_masks: torch.Tensor, state: Optional[torch.Tensor], noise: Optional[torch.Tensor] = None,
-                       num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
-                       inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                       rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        """Reference-shaped call: prefix then denoise (same RTC keywords). Returns normalised actions
-        [B, H, max_action_dim]."""
-        context = self.fill_prefix(images, image_masks, tokens, token_masks)
-        if noise is None:
-            noise = torch.randn(images.shape[0], self.config.chunk_size, self.config.max_action_dim,
-                                device=self.device)
-        return self.denoise(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                            inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)

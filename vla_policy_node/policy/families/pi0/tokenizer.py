@@ -1,4 +1,4 @@
-"""Prompt tokenization for pi0 / pi0.5: PaliGemma tokenizer, lerobot prompt formats.
+"""The PaliGemma tokenizer of pi0 and pi0.5, with lerobot's prompt formats.
 
 Prompt formats follow lerobot's processors (checked against huggingface/lerobot):
 
@@ -37,16 +37,14 @@ tokens, then prepend BOS ourselves, so one tokenizer gives one id sequence.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-PathLike = Union[str, os.PathLike]
-
-SENTENCEPIECE_FILE = 'tokenizer.model'
-HF_TOKENIZER_FILE = 'tokenizer.json'
+from ...tokenizer import (HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, PathLike, TokenizerError, _digest,  # noqa: F401
+                          _read_bytes, pad_or_truncate, require_str as _require_str)
+from ...tokenizer import newline_terminated as format_pi0_prompt  # noqa: F401  (pi0's prompt: the newline rule)
 
 # 256 bins over [-1, 1]: the left edges of np.linspace(-1, 1, 257).
 STATE_BIN_COUNT = 256
@@ -59,10 +57,6 @@ PALIGEMMA_BOS_ID = 2
 PALIGEMMA_UNK_ID = 3
 
 
-class TokenizerError(ValueError):
-    """A tokenizer that cannot be found, read or used, or a bad prompt input."""
-
-
 # --------------------------------------------------------------------------
 # Prompt formats (pure string functions, so tests can check them directly).
 # --------------------------------------------------------------------------
@@ -70,12 +64,6 @@ class TokenizerError(ValueError):
 def clean_task_text(text: str) -> str:
     """pi0.5's task cleaning: strip, underscores and newlines to spaces."""
     return text.strip().replace('_', ' ').replace('\n', ' ')
-
-
-def format_pi0_prompt(instruction: str) -> str:
-    """pi0: the task as given, ending in one '\\n' (lerobot Pi0NewLineProcessor)."""
-    _require_str(instruction)
-    return instruction if instruction.endswith('\n') else instruction + '\n'
 
 
 def discretize_state(normalized_state: np.ndarray,
@@ -115,24 +103,6 @@ def _zero_pad(state: np.ndarray, pad_state_to: Optional[int]) -> np.ndarray:
     padded = np.zeros(pad_state_to, dtype=state.dtype)
     padded[:state.shape[0]] = state
     return padded
-
-
-def _require_str(instruction: object) -> None:
-    if not isinstance(instruction, str):
-        raise TokenizerError(f'instruction must be a str, got {type(instruction).__name__}')
-
-
-def pad_or_truncate(ids: Sequence[int], max_length: int,
-                    pad_id: int = PALIGEMMA_PAD_ID) -> Tuple[np.ndarray, np.ndarray]:
-    """Right pad (mask False) or cut the tail (mask all True) to max_length."""
-    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
-        raise TokenizerError(f'max_length must be a positive int, got {max_length!r}')
-    kept = list(ids)[:max_length]
-    token_ids = np.full(max_length, pad_id, dtype=np.int64)
-    token_ids[:len(kept)] = kept
-    mask = np.zeros(max_length, dtype=bool)
-    mask[:len(kept)] = True
-    return token_ids, mask
 
 
 # --------------------------------------------------------------------------
@@ -237,13 +207,6 @@ def _resolve_tokenizer_file(path: Path) -> Path:
     return path
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise TokenizerError(f'cannot read tokenizer {path}: {exc}') from exc
-
-
 def _load_backend(path: Path, data: bytes):
     try:
         if path.suffix == '.model':
@@ -254,7 +217,3 @@ def _load_backend(path: Path, data: bytes):
     except Exception as exc:  # both libraries raise assorted types on bad files
         raise TokenizerError(f'cannot load tokenizer {path}: {exc}') from exc
 
-
-def _digest(data: bytes) -> str:
-    import xxhash
-    return xxhash.xxh3_128(data).hexdigest()

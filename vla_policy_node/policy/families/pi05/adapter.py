@@ -15,9 +15,9 @@ from typing import Any, ClassVar, Dict, List, Mapping, Tuple
 
 import numpy as np
 
-from ..checkpoint import WeightKeys, common_steps, device_step, normalizer_step, relative_step
-from ..config import PaliGemmaTraits, PolicyConfig
-from .pi0 import EMBED_KEY, KEY_RENAMES, LM_HEAD_KEYS, Pi0Family, tokenizer_step
+from ...checkpoint import WeightKeys, common_steps, device_step, normalizer_step, relative_step
+from ..pi0.config import PolicyConfig
+from ..pi0.adapter import EMBED_KEY, KEY_RENAMES, LM_HEAD_KEYS, Pi0Family, tokenizer_step
 
 # lerobot renamed the time MLPs between releases; pi0.5 spells them time_mlp_*.
 PI05_KEY_RENAMES = KEY_RENAMES + ((r'^action_time_mlp_(in|out)\.', r'time_mlp_\1.'),)
@@ -34,10 +34,6 @@ class Pi05Family(Pi0Family):
     type_name: ClassVar[str] = 'pi05'
     state_in_prompt: ClassVar[bool] = True
     option_defaults: ClassVar[Mapping[str, Any]] = {'pi05_padded_state_prompt': False}
-    paligemma_traits: ClassVar[PaliGemmaTraits] = PaliGemmaTraits(
-        state_token=False, adaptive_expert=True, tokenizer_max_length=200,
-        normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'QUANTILES', 'ACTION': 'QUANTILES'},
-        tiny_tokenizer_max_length=200)
     weight_keys: ClassVar[WeightKeys] = WeightKeys(renames=PI05_KEY_RENAMES,
                                                    known_unused=pi05_unused,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})

@@ -21,16 +21,16 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ..checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
+from ...checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                           normalizer_step, write_folder)
-from ..config_fields import ConfigError
-from ..family import PolicyFamily
-from ..preprocess import resize_with_pad_left_top, to_model_range
-from ..smolvla import SmolVLAModel
-from ..smolvla_config import SMOLVLA_CONFIG_FIELDS, SmolVLAConfig, smolvla_preset
-from ..smolvlm_tokenizer import SmolVLMTokenizer
-from ..tiny_smolvlm_tokenizer import build_smolvlm_test_tokenizer
-from ..tokenizer import HF_TOKENIZER_FILE
+from ...config_fields import ConfigError
+from ...family import PolicyFamily
+from ...preprocess import resize_with_pad_left_top, to_model_range
+from .model import SmolVLAModel
+from .config import SMOLVLA_CONFIG_FIELDS, SmolVLAConfig, smolvla_preset
+from .tokenizer import SmolVLMTokenizer
+from .tiny_tokenizer import build_smolvlm_test_tokenizer
+from ...tokenizer import HF_TOKENIZER_FILE
 
 VLM_CONFIG_FILE = 'vlm_config.json'
 LM_HEAD_KEY = 'vlm_with_expert.vlm.lm_head.weight'

@@ -17,10 +17,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .config_fields import (DEFAULT_ONLY, IMPLEMENTED, METADATA, PRETRAINED_CONFIG_FIELDS, TRAINING, ConfigError,
+from ...config_fields import (DEFAULT_ONLY, IMPLEMENTED, METADATA, PRETRAINED_CONFIG_FIELDS, TRAINING, ConfigError,
                             ConfigField, check_fields, feature_documents, features,
                             normalization_mapping, table)
-from .family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig
+from ...family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig
+from ...siglip import VisionSize
 from .smolvlm import KNOWN_BACKBONES, LlamaSize, SmolVLMBackbone, expert_size
 
 SMOLVLA_TYPE = 'smolvla'
@@ -292,7 +293,6 @@ def smolvla_preset(name: str, **overrides: Any) -> SmolVLAConfig:
     if name == 'smolvla':
         return SmolVLAConfig(**dict(dict(backbone=KNOWN_BACKBONES[DEFAULT_BACKBONE]), **overrides))
     if name == 'tiny':
-        from .config import VisionSize
         backbone = SmolVLMBackbone(
             vision=VisionSize(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=8), vision_image_size=32,
             vision_eps=1e-6, scale_factor=2,

@@ -9,8 +9,8 @@ in the prefix attends to the state token. The image + language K/V of every VLM 
 on the state; this module splits lerobot's one prefix pass in two:
 
     fill_prefix   vision + connector + VLM layers over [images ; language]  -> PrefixContext
-                  kv [L, 2, B, K, P, D] (post-RoPE K) and extra = (cross-attention layers' projected K/V
-                  [C, 2, B, K', P, D'],) -- constant over every denoise step and every chunk of the entry
+                  kv [L, 2, B, K, P, D] (post-RoPE K) and extra['cross_kv'] (the cross-attention layers' projected
+                  K/V [C, 2, B, K', P, D']) -- constant over every denoise step and every chunk of the entry
     chunk_setup   per chunk: the state token alone through the VLM layers, attending to the cached K/V and
                   itself (its K/V per layer), projected for the cross layers; workspaces; time terms; RTC guide
     euler_loop    per step: the action tokens through the expert; self layers attend to [prefix ; state ;
@@ -35,20 +35,22 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache.context import PrefixContext
-from .family import check_chunk_inputs, check_prefix_inputs
-from .layers import (MixedPrecisionPolicy, PackedLinears, TimeEmbeddingTable, additive_mask, fold_mask,
+from ....cache.context import PrefixContext
+from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
+from ...layers import (PackedLinears, TimeEmbeddingTable, additive_mask, fold_mask,
                      grouped_query_attention, keep_fp32, split_half_rope_tables)
-from .rtc import RTCGuide, RTCSettings, prepare_guide
-from .smolvla_config import SmolVLAConfig
+from ...rtc import RTCGuide, RTCSettings
+from .config import SmolVLAConfig
 from .smolvlm import LlamaExpert, SmolVLM
 
+# The name of the cross layers' projected prefix K/V in PrefixContext.extra.
+CROSS_KV = 'cross_kv'
 # Parameters kept fp32 when the model computes in bf16 (module docstring).
 FP32_MODULE_MARKERS = ('vision_model', 'connector', 'state_proj', 'action_in_proj', 'action_out_proj',
                        'action_time_mlp', 'layernorm', '.norm.')
@@ -84,7 +86,7 @@ class SmolChunk:
     num_steps: int
 
 
-class SmolVLAModel(MixedPrecisionPolicy):
+class SmolVLAModel(PolicyModel):
     """Module names mirror lerobot's VLAFlowMatching so ``model.safetensors`` keys (minus ``model.``) load."""
 
     fp32_markers = FP32_MODULE_MARKERS
@@ -176,7 +178,7 @@ class SmolVLAModel(MixedPrecisionPolicy):
             if i == len(layers) - 1:
                 break                     # nothing reads the last layer's outputs over the prefix
             x = layer.finish(x, grouped_query_attention(q, k, v, mask))
-        return PrefixContext(kv=kv, pad_mask=pad, extra=(self._cross_prefix_kv(kv),))
+        return PrefixContext(kv=kv, pad_mask=pad, extra={CROSS_KV: self._cross_prefix_kv(kv)})
 
     def _cross_prefix_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """The cross layers' k_proj / v_proj of the cached VLM K/V -> [C, 2, B, K', P, D'] fp32 (fp32 weights)."""
@@ -217,37 +219,30 @@ class SmolVLAModel(MixedPrecisionPolicy):
         """[num_steps + 1, W] fp32: every step's time embedding, then t = 0's (layers.TimeEmbeddingTable)."""
         return self._time_table(num_steps, self.device)
 
-    def workspace_spec(self, context: PrefixContext) -> Tuple[Tuple[torch.Tensor, int], ...]:
+    def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
         """The workspaces the loop reads (fast_path.py): self K/V [.., P + 1 + H, D] (prefix ; state ; actions)
         and the cross layers' K/V [.., P + 1, D'] (prefix ; state)."""
         prefix_len = context.prefix_len
-        return ((context.kv, prefix_len + 1 + self.config.chunk_size), (context.extra[0], prefix_len + 1))
+        return ((context.kv, prefix_len + 1 + self.config.chunk_size), (context.extra[CROSS_KV], prefix_len + 1))
 
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
                     rtc: Optional[RTCSettings] = None,
-                    workspace: Optional[Tuple[torch.Tensor, ...]] = None) -> SmolChunk:
+                    workspace: Optional[Sequence[torch.Tensor]] = None) -> SmolChunk:
         """Everything fixed for one chunk; the stored ``context`` is only read (copied into workspaces).
 
         ``workspace``: caller-owned (self K/V, cross K/V) buffers as ``workspace_spec`` describes them, whose
         prefix parts already hold the entry (vla_policy_node/fast_path.py): nothing is allocated or copied."""
         cfg = self.config
-        num_steps = check_chunk_inputs(cfg, context, noise, num_steps)
         if state is None or tuple(state.shape) != (context.batch_size, cfg.max_state_dim):
             raise ValueError(f'SmolVLA needs the normalised state [B, {cfg.max_state_dim}]')
+        start = self.start_chunk(context, noise, num_steps, workspace, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
         pad, horizon = context.pad_mask, cfg.chunk_size
         batch, prefix_len = pad.shape
-        kv = context.kv
-        cached_cross = context.extra[0]
-        if workspace is None:
-            self_kv = kv.new_empty(*kv.shape[:4], prefix_len + 1 + horizon, kv.shape[-1])
-            self_kv[..., :prefix_len, :] = kv
-            cross_kv = cached_cross.new_empty(*cached_cross.shape[:4], prefix_len + 1, cached_cross.shape[-1])
-            cross_kv[..., :prefix_len, :] = cached_cross
-        else:
-            self_kv, cross_kv = workspace
+        self_kv, cross_kv = start.workspace
         self.state_pass(context, state, self_kv)
         for vlm_index, expert_index, cross in self._plan:
             if cross is not None:                      # the state token's K/V through this cross layer's k/v_proj
@@ -261,15 +256,13 @@ class SmolVLAModel(MixedPrecisionPolicy):
         causal = torch.ones(horizon, horizon, dtype=torch.bool, device=pad.device).tril()
         self_allowed = torch.cat([keys[:, None, :].expand(batch, horizon, prefix_len + 1),
                                   causal[None].expand(batch, -1, -1)], dim=2)[:, None]   # [B, 1, H, P + 1 + H]
-        guide = prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
-                              cfg.rtc_training_max_delay)
         return SmolChunk(self_kv=self_kv, cross_kv=cross_kv,
                          self_rope=self._rope(valid + 1 + steps), cross_rope=self._rope(steps[None].expand(batch, -1)),
                          self_mask=self._mask(self_allowed),
                          cross_mask=self._mask(keys[:, None, None, :].expand(batch, 1, horizon, prefix_len + 1),
                                                torch.float32),
-                         time_terms=self._time_terms(num_steps), guide=guide, noise=noise.float(),
-                         num_steps=num_steps)
+                         time_terms=self._time_terms(start.num_steps), guide=start.guide, noise=start.noise,
+                         num_steps=start.num_steps)
 
     def _time_terms(self, num_steps: int) -> torch.Tensor:
         """The time half of action_time_mlp_in (with its bias) for every step: W [a ; t] + b = W_a a + (W_t t + b)."""
@@ -325,15 +318,3 @@ class SmolVLAModel(MixedPrecisionPolicy):
         if packer is None or packer.rows != rows:
             packer = self._packed_linears = PackedLinears(rows)
         return packer
-
-    @torch.no_grad()
-    def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor,
-                num_steps: Optional[int] = None, **continuation) -> torch.Tensor:
-        return self.euler_loop(self.chunk_setup(context, state, noise, num_steps, **continuation))
-
-    def sample_actions(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                       token_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor,
-                       num_steps: Optional[int] = None, **continuation) -> torch.Tensor:
-        """Reference-shaped call: prefix then denoise -> normalised actions [B, H, max_action_dim]."""
-        context = self.fill_prefix(images, image_masks, tokens, token_masks)
-        return self.denoise(context, state, noise, num_steps, **continuation)

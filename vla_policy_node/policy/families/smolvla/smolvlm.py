@@ -19,10 +19,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from .config import VisionSize
-from .config_fields import ConfigError
-from .layers import FusedProjection, GemmaMLP, LlamaRMSNorm, apply_rope, packed_linear
-from .siglip import SiglipVisionTransformer
+from ...config_fields import ConfigError
+from ...layers import FusedProjection, GemmaMLP, LlamaRMSNorm, apply_rope, packed_linear
+from ...siglip import SiglipVisionTransformer, VisionSize
 
 
 @dataclass(frozen=True)

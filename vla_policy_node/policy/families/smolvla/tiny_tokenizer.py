@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .tiny_tokenizer import _training_corpus
-from .tokenizer import HF_TOKENIZER_FILE, PathLike
+from ...tiny_corpus import training_corpus
+from ...tokenizer import HF_TOKENIZER_FILE, PathLike
 
 SPECIAL_TOKENS = ('<|endoftext|>', '<|im_start|>', '<|im_end|>', '<fake_token_around_image>', '<global-img>',
                   '<image>', '<end_of_utterance>')
@@ -25,7 +25,7 @@ def build_smolvlm_test_tokenizer(out_dir: PathLike, vocab_size: int = 512) -> Pa
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([line + '\n' for line in _training_corpus()], trainer=trainer)
+    tokenizer.train_from_iterator([line + '\n' for line in training_corpus()], trainer=trainer)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / HF_TOKENIZER_FILE

@@ -18,7 +18,7 @@ from typing import List, Tuple, Union
 
 import numpy as np
 
-from .tokenizer import HF_TOKENIZER_FILE, TokenizerError, _digest, _read_bytes, format_pi0_prompt, pad_or_truncate
+from ...tokenizer import HF_TOKENIZER_FILE, TokenizerError, _digest, _read_bytes, newline_terminated, pad_or_truncate
 
 PAD_TOKEN = '<|im_end|>'
 
@@ -56,4 +56,4 @@ class SmolVLMTokenizer:
 
     def encode_task(self, instruction: str, max_length: int) -> Tuple[np.ndarray, np.ndarray]:
         """(ids int64 [max_length], mask bool [max_length]): task + "\\n", truncated, right padded."""
-        return pad_or_truncate(self.encode_text(format_pi0_prompt(instruction)), max_length, self.pad_id)
+        return pad_or_truncate(self.encode_text(newline_terminated(instruction)), max_length, self.pad_id)
