@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.params import resolve_values  # noqa: E402
 from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
-from vla_policy_node.remote.settings import load_remote  # noqa: E402
+from vla_policy_node.remote_settings import load_remote  # noqa: E402
 from vla_policy_node.runtime import PolicyRuntime, set_cpu_threads  # noqa: E402
 
 JOINTS = [f'joint_{i}' for i in range(1, 7)]

@@ -75,7 +75,7 @@ def guidance_cost(preset_name: str, depth: int, runs: int, tokenizer: PromptToke
         assert chunk.cache_hit and chunk.continued
         guided.append(chunk.timings_ms['denoise'])
     p, g = statistics.median(plain), statistics.median(guided)
-    layers = depth if preset_name != 'pi0' else runtime.config.expert.depth
+    layers = runtime.config.num_prefix_layers
     print(f'| {preset_name} ({layers} layers) | {p:.2f} ms | {g:.2f} ms | {100 * (g - p) / p:+.1f}% |')
 
 

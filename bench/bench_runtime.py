@@ -41,11 +41,9 @@ for _path in (ROOT, ROOT / 'bench'):
 
 from vla_policy_node.cache import PrefixKeyBuilder  # noqa: E402
 from vla_policy_node.images import RawImage  # noqa: E402
-from vla_policy_node.policy.families.pi0.config import preset  # noqa: E402
-from vla_policy_node.policy.families import family_class  # noqa: E402
+from vla_policy_node.policy.families import family_class, preset_config  # noqa: E402
 from vla_policy_node.policy.layers import LlamaRMSNorm  # noqa: E402
 from vla_policy_node.policy.normalize import FeatureNormalizer  # noqa: E402
-from vla_policy_node.policy.families.smolvla.config import smolvla_preset  # noqa: E402
 from vla_policy_node.policy.tiny_default import statistics as norm_statistics  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.runtime import STAGES, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402
@@ -67,12 +65,9 @@ def camera_frames(names, seed: int) -> Dict[str, RawImage]:
 
 
 def bench_config(preset_name: str, depth: int):
-    """The config of a preset: pi0 ones (tiny, pi0_shallow, pi0, pi05) or SmolVLA ones (smolvla_tiny, smolvla:
-    the real shape, SmolVLM2-500M cut to 16 layers, 2 cameras)."""
-    if preset_name.startswith('smolvla'):
-        return smolvla_preset('tiny' if preset_name == 'smolvla_tiny' else 'smolvla')
-    overrides = {'depth': depth} if preset_name == 'pi0_shallow' else {}
-    return preset(preset_name, **overrides)
+    """The config of a preset of any registered family (PolicyFamily.preset_names: tiny, pi0_shallow, pi0, pi05,
+    smolvla_tiny, smolvla ...); ``depth``: layers per tower where the preset is cut in depth."""
+    return preset_config(preset_name, depth)
 
 
 def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, scratch: Path,
@@ -186,7 +181,7 @@ def full_depth_estimate(miss: Dict[str, float], hit: Dict[str, float], config,
     Every layer of pi0_shallow has pi0's full shape, so per-layer efficiency carries over; only the
     number of layers (and so the FLOPs) changes. The stages outside the model are taken as measured.
     """
-    shallow, full = stage_flops(config, num_steps), stage_flops(preset(config.policy_type), num_steps)
+    shallow, full = stage_flops(config, num_steps), stage_flops(preset_config(config.policy_type), num_steps)
     prefix_ms = miss['prefix'] * full['prefix'] / shallow['prefix']
     denoise_ms = miss['denoise'] * full['denoise'] / shallow['denoise']
     return {'prefix_ms': prefix_ms, 'denoise_ms': denoise_ms,

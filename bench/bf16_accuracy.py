@@ -34,7 +34,7 @@ for _path in (ROOT, ROOT / 'test'):
         sys.path.insert(0, str(_path))
 
 from vla_policy_node.policy import gemma, layers  # noqa: E402
-from vla_policy_node.policy.families.pi0.config import GEMMA_VARIANTS, preset  # noqa: E402
+from vla_policy_node.policy.families.pi0.config import GEMMA_VARIANTS, PALIGEMMA_TYPES, preset  # noqa: E402
 from vla_policy_node.policy.siglip import VisionSize  # noqa: E402
 from vla_policy_node.policy.families.pi0.model import PiZeroModel  # noqa: E402
 import test_model_parity as parity  # noqa: E402  (test/ is on sys.path)
@@ -170,7 +170,7 @@ def fixed_stages(model: PiZeroModel, state: torch.Tensor, steps: int) -> Dict[st
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--type', default='pi0', choices=('pi0', 'pi05'))
+    parser.add_argument('--type', default=PALIGEMMA_TYPES[0], choices=PALIGEMMA_TYPES)   # what PiZeroModel runs
     parser.add_argument('--depth', type=int, default=18)
     parser.add_argument('--cameras', type=int, default=2)
     parser.add_argument('--steps', type=int, default=10)

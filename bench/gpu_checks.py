@@ -41,6 +41,7 @@ for _path in (ROOT, ROOT / 'bench'):
         sys.path.insert(0, str(_path))
 
 from vla_policy_node.observation import Observation  # noqa: E402
+from vla_policy_node.policy.families import known_types  # noqa: E402
 from vla_policy_node.policy.rtc import RTCSettings  # noqa: E402
 from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
 from vla_policy_node.runtime import PolicyRuntime  # noqa: E402
@@ -80,7 +81,7 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def correctness(checks: Checks, device: str, scratch: Path) -> None:
-    for policy_type in ('pi0', 'pi05', 'smolvla'):
+    for policy_type in known_types():
         folder = write_tiny_default(scratch / policy_type, policy_type)
         errors: Dict[str, Dict[str, float]] = {}
         for dtype in ('float32', 'bfloat16'):

@@ -23,7 +23,7 @@ import numpy as np
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
-from vla_policy_node.remote import codec
+from vla_policy_node.wire import codec
 from vla_policy_node.remote.logs import websockets_logger
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import torch
 from runtime_fixtures import tiny_checkpoints  # noqa: F401
 from vla_policy_node.policy.checkpoint import CheckpointError
 from vla_policy_node.policy.families import load_checkpoint
-from vla_policy_node.policy.families.pi0.config import (CONFIG_FIELDS, DEFAULT_ONLY, IMPLEMENTED, LEROBOT_CONFIG_FIELDS, METADATA,
-                                           TRAINING, ConfigError, PolicyConfig, preset)
+from vla_policy_node.policy.families.pi0.config import (CONFIG_FIELDS, DEFAULT_ONLY, IMPLEMENTED, LEROBOT_CONFIG_FIELDS,
+                                                        METADATA, TRAINING, ConfigError, PolicyConfig, preset)
 
 # The fields of lerobot's configs with the values its draccus dump writes for a default config, in dataclass
 # order, read from huggingface/lerobot 7427f31801f944f5ec9ce53cda02862ce7d1638b:

@@ -16,7 +16,7 @@ from remote_helpers import ServeProcess, rss_bytes
 from runtime_fixtures import tiny_checkpoints  # noqa: F401
 from vla_policy_node.observation import Observation, ObservationError
 from vla_policy_node.policy.rtc import RTCSettings
-from vla_policy_node.remote import codec
+from vla_policy_node.wire import codec
 from vla_policy_node.remote.server import PolicyServer
 from vla_policy_node.runtime import ActionChunk, PolicyRuntime
 
@@ -232,7 +232,7 @@ def test_observation_errors_travel_as_text(server):
 
 def _remote(server, warn=None, **overrides):
     from vla_policy_node.params import resolve_values
-    from vla_policy_node.remote.settings import load_remote
+    from vla_policy_node.remote_settings import load_remote
 
     return load_remote(resolve_values(dict({
         'backend': 'remote', 'remote_url': server.url, 'remote_api_key': KEY, 'remote_key_layout': 'cameras',
@@ -260,7 +260,7 @@ def test_the_client_backend_sends_the_rtc_leftover_and_gets_local_rtc(server, lo
 
 def test_the_client_backend_with_a_wrong_key_is_refused_as_remote_auth(server, local):
     from vla_policy_node.observation import SkipReason
-    from vla_policy_node.remote.errors import RemoteError
+    from vla_policy_node.wire.errors import RemoteError
 
     backend = _remote(server, remote_api_key='wrong', remote_timeout_sec=2.0)
     try:

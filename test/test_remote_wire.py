@@ -13,9 +13,9 @@ from remote_helpers import WireServer, free_port, rss_bytes
 from runtime_fixtures import tiny_checkpoints  # noqa: F401
 from vla_policy_node.observation import InputBuffer, Observation, SkipReason
 from vla_policy_node.params import ParameterError, resolve_values
-from vla_policy_node.remote import codec
+from vla_policy_node.wire import codec
 from vla_policy_node.remote.frames import resize_with_pad
-from vla_policy_node.remote.settings import load_remote
+from vla_policy_node.remote_settings import load_remote
 from vla_policy_node.safety import PlanKind
 from vla_policy_node.settings import input_layout, tick_settings
 from vla_policy_node.tick import TickEngine

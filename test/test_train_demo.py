@@ -22,9 +22,10 @@ from vla_policy_node.policy.tiny_default import random_model, write_tiny_default
 from vla_policy_node.replay.make_bag import SampleBagSpec, joint_state_at, render_frame, write_sample_bag
 from vla_policy_node.replay.offline import replay
 from vla_policy_node.runtime import PolicyRuntime
-from vla_policy_node.train_demo import (DEMO_ACTION_PERIOD_SEC, DEMO_BAG_SPEC, DEMO_CHECKPOINT, TRAINING_FILE,
-                                        builtin_demo_checkpoint, flow_matching_loss, load_demo_data,
-                                        predict_velocity, sample_time, statistics_of, train, trainable)
+from vla_policy_node.policy.builtin import DEMO_CHECKPOINT, builtin_demo_checkpoint
+from vla_policy_node.policy.families.pi0.training import flow_matching_loss, predict_velocity, sample_time, trainable
+from vla_policy_node.train_demo import (DEMO_ACTION_PERIOD_SEC, DEMO_BAG_SPEC, TRAINING_FILE, load_demo_data,
+                                        statistics_of, train)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'

@@ -1,4 +1,4 @@
-"""The backend registry (SEAM.md section 2): the ``backend`` parameter's value -> the function that builds it.
+"""The backend registry (the backend seam, docs/architecture.md): the ``backend`` parameter's value -> its loader.
 
 A loader takes ``(values, info, warn)`` and returns a connected or loaded backend: an object with
 ``infer(...)`` (PolicyRuntime's signature), ``config``, ``warmup()``, ``close()``, ``describe() -> dict``
@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 
 BACKENDS = {
     'local': 'vla_policy_node.settings:load_local',
-    'remote': 'vla_policy_node.remote.settings:load_remote',
+    'remote': 'vla_policy_node.remote_settings:load_remote',
 }
 
 Loader = Callable[[Mapping[str, Any], Callable[[str], None], Optional[Callable[[str], None]]], Any]

@@ -54,14 +54,17 @@ def _say(text: str) -> None:
 def prepare(output: Path, policy: str = 'demo') -> Dict[str, Path]:
     """The checkpoint the demo runs (``demo``: the trained default; else a tiny RANDOM-weight one of that
     family), the random-weight pi0 it is compared with, and the sample bag; made only when missing."""
+    from .policy.builtin import checkpoint_folder
+    from .policy.families import EMBEDDED_TYPE
     from .policy.tiny_default import write_tiny_default
     from .replay.make_bag import write_sample_bag
-    from .settings import checkpoint_folder
     from .train_demo import DEMO_BAG_SPEC
 
-    paths = {'random': output / 'tiny_pi0_random', 'bag': output / 'sample_bag'}
+    # The comparison: the embedded default's own model with random weights.
+    paths = {'random': output / f'tiny_{EMBEDDED_TYPE}_random', 'bag': output / 'sample_bag'}
     paths['checkpoint'] = checkpoint_folder(DEMO_CHECKPOINT) if policy == 'demo' else output / f'tiny_{policy}'
-    for name, family, what in (('random', 'pi0', 'for comparison'), ('checkpoint', policy, 'the demo runs it')):
+    for name, family, what in (('random', EMBEDDED_TYPE, 'for comparison'),
+                               ('checkpoint', policy, 'the demo runs it')):
         if family == 'demo' or (paths[name] / 'model.safetensors').exists():
             continue
         shutil.rmtree(paths[name], ignore_errors=True)
@@ -344,9 +347,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--output', type=Path, default=ROOT / 'artifacts' / 'demo')
     parser.add_argument('--rate', type=float, default=1.0, help='bag replay speed factor')
-    parser.add_argument('--policy', default='demo', choices=('demo', 'pi0', 'pi05', 'smolvla'),
-                        help='demo: the trained default (builtin:demo); pi0, pi05, smolvla: a tiny RANDOM-weight '
-                             'checkpoint of that family')
+    from .policy.families import known_types
+
+    parser.add_argument('--policy', default='demo', choices=('demo',) + known_types(),
+                        help='demo: the trained default (builtin:demo); a policy type ('
+                             f'{", ".join(known_types())}): a tiny RANDOM-weight checkpoint of that family')
     parser.add_argument('--remote', action='store_true',
                         help='serve the checkpoint with vla_policy_serve and run node and replay with backend remote')
     args = parser.parse_args(argv)

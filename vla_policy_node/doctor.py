@@ -2,8 +2,8 @@
 
     vla_policy_check_checkpoint DIR [--tokenizer PATH] [--fps 50] [--latency-ms 150]
 
-Every family of the registry (``policy/families``: pi0, pi0.5, SmolVLA) through the family seam:
-its field table, its folder config, its model class and weight keys, its tokenizer class. No GPU
+Every family of the registry (``policy/families``) through the family seam (policy/family.py):
+its field table, its folder config, its model class and weight keys, its tokenizer class and source. No GPU
 and no weights: ``model.safetensors`` is read as far as its JSON header (names, dtypes, shapes),
 the model is built on torch's meta device (shapes only) to compare the tensors, and only the
 small normalisation statistics and the tokenizer are read. Prints:
@@ -32,9 +32,7 @@ from .params import SPECS
 SAFETENSORS_DTYPE_BYTES = {'F64': 8, 'F32': 4, 'F16': 2, 'BF16': 2, 'I64': 8, 'I32': 4, 'I16': 2, 'I8': 1,
                            'U8': 1, 'BOOL': 1, 'F8_E4M3': 1, 'F8_E5M2': 1}
 MAX_HEADER_BYTES = 100 * 2 ** 20
-PALIGEMMA_TOKENIZER = 'google/paligemma-3b-pt-224'
-HUB_LICENCE_NOTE = ('PaliGemma is gated on the Hugging Face Hub: accept its licence at '
-                    'https://huggingface.co/{name} and log in (`huggingface-cli login`) first.')
+GENERIC_ACCESS_NOTE = 'If the repository is gated, accept its licence on the Hub and log in first.'
 
 
 @dataclass
@@ -104,19 +102,19 @@ def _config_refusals(raw: Mapping[str, Any], fields: Mapping[str, Any], type_nam
     return found, usable
 
 
-def _tokenizer_hub_name(folder: Path, default: str) -> str:
-    """The tokenizer the checkpoint's pre-processor names (lerobot's tokenizer step), else ``default``."""
+def _tokenizer_hub_name(folder: Path) -> Optional[str]:
+    """The tokenizer the checkpoint's pre-processor names (lerobot's tokenizer step), or None."""
     from .policy.checkpoint import PREPROCESSOR_FILE
 
     try:
         steps = json.loads((folder / PREPROCESSOR_FILE).read_text()).get('steps', [])
     except (OSError, ValueError, AttributeError):
-        return default
+        return None
     for step in steps:
         name = (step.get('config') or {}).get('tokenizer_name') if isinstance(step, dict) else None
         if isinstance(name, str) and name:
             return name
-    return default
+    return None
 
 
 def fetch_tokenizer_command(folder: Path, hub_name: str, file_name: str) -> str:
@@ -237,16 +235,15 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
     if found is not None and Path(found).exists():
         _tokenizer_check(diagnosis, family, Path(found), config)
     else:
-        # The file the family reads: tokenizer.json where its hint names one (SmolVLM2), else PaliGemma's model.
-        file_name = 'tokenizer.json' if 'tokenizer.json' in family.tokenizer_hint else 'tokenizer.model'
-        hub_name = _tokenizer_hub_name(folder, getattr(config, 'vlm_model_name', None) or PALIGEMMA_TOKENIZER)
+        # The file the family reads and where it comes from: the repository the checkpoint's pre-processor
+        # names, else the family's own.
+        source = family.tokenizer_source(config, _tokenizer_hub_name(folder))
         diagnosis.refuse(f'no tokenizer in {folder / "tokenizer"} (or at tokenizer_path): the robot cannot '
-                         f'download {hub_name}')
+                         f'download {source.hub_name}')
         diagnosis.say('on a machine with internet, fetch only the tokenizer file, then copy the folder over:')
-        diagnosis.say(f'  {fetch_tokenizer_command(folder, hub_name, file_name)}')
+        diagnosis.say(f'  {fetch_tokenizer_command(folder, source.hub_name, source.file_name)}')
         diagnosis.say('  (newer huggingface_hub: `hf download` takes the same arguments)')
-        diagnosis.say(HUB_LICENCE_NOTE.format(name=hub_name) if 'paligemma' in hub_name.lower() else
-                      'If the repository is gated, accept its licence on the Hub and log in first.')
+        diagnosis.say(source.access_note or GENERIC_ACCESS_NOTE)
 
     diagnosis.section('memory (analytic)')
     entry = config.cache_entry_bytes(2)
@@ -321,7 +318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--latency-ms', type=float, help='measured inference latency (latency_total_p95 in '
                         '/diagnostics) to fit the control rate to')
     args = parser.parse_args(argv)
-    from .settings import checkpoint_folder          # the node's reading of checkpoint_path, builtins included
+    from .policy.builtin import checkpoint_folder    # the node's reading of checkpoint_path, builtins included
 
     args.folder = checkpoint_folder(args.folder)
     if not args.folder.is_dir():

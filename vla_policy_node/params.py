@@ -24,16 +24,14 @@ from .handover import CHUNKING_MODES, DELAY_MODES
 from .outputs import OUTPUT_TYPES, output_name_problem
 from .images import DEFAULT_MAX_PIXELS, MAX_PIXELS_LIMIT
 from .observation import MAX_INSTRUCTION_CHARS
+from .policy.builtin import BUILTIN_DEMO, BUILTIN_TINY  # noqa: F401  (the embedded checkpoints' names)
 from .policy.relative_actions import relative_action_mask
 from .policy.rtc import RTC_MODES, SCHEDULES
-from .remote.profiles import KEY_LAYOUTS, PROFILES
+from .wire.profiles import KEY_LAYOUTS, PROFILES
 from .safety import LIMIT_MODES, ON_FAULT_MODES
 from .trajectory import STAMP_MODES
 
 NODE_NAME = 'vla_policy'
-BUILTIN_TINY = 'builtin:tiny'
-# The shipped default: the tiny pi0 trained on the demo's sample bag (vla_policy_node/train_demo.py).
-BUILTIN_DEMO = 'builtin:demo'
 # Topic names without a leading slash are relative: they resolve in the node's namespace
 # (`ros2 launch ... namespace:=arm` gives /arm/joint_states), as ROS nodes conventionally do.
 DEFAULT_TRAJECTORY_TOPIC = 'joint_trajectory_controller/joint_trajectory'
@@ -75,6 +73,9 @@ class ParamSpec:
     required_when: Optional[Tuple[str, str]] = None    # (parameter, value): must be set when that one has it
     # ---- documentation ---------------------------------------------------------------------------------
     shipped: Any = None                     # the value config/vla_policy.yaml ships instead of the default
+    # A policy family's load option (PolicyFamily.option_defaults, same name): passed to the loaded policy,
+    # which refuses it by name when set for a family that has no such option.
+    family_option: bool = False
 
     @property
     def live(self) -> bool:
@@ -107,7 +108,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'pi0.5 only: bin the state zero-padded to max_state_dim (32) into the prompt, as lerobot did from '
               '2025-10-02 (#1910) to 2026-03-05 (#2964). Set it only for checkpoints fine-tuned with lerobot '
               'releases between those dates; false: the unpadded state of current lerobot and openpi.',
-              read_only=True),
+              read_only=True, family_option=True),
     ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one.',
               read_only=True),
     ParamSpec('cuda_graphs', 'off', 'string',
@@ -293,6 +294,8 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
 )
 
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
+# The parameters that are policy-family options (settings.load_runtime hands them to the loaded policy).
+FAMILY_OPTIONS: Tuple[str, ...] = tuple(spec.name for spec in PARAMETERS if spec.family_option)
 
 # Starting values for the first runs on a real arm, commented into config/vla_policy.yaml beside the
 # defaults (README "First run on a real arm": dry_run, then limits + deadman with a slow ramp, then live).

@@ -1,5 +1,8 @@
 """Parameter values -> a connected RemoteBackend: what ``settings.configure`` calls for ``backend: remote``.
 
+Configure code, like settings.py beside it (the backend registry, backends.py, names this module's
+``load_remote``): it reads the parameter table and builds the remote backend of remote/.
+
 The policy-level config the params table and the tick read comes from the robot's own parameters
 (joints, cameras), refined by what the server says of itself (vla_policy_serve's metadata frame: chunk
 size, dimensions, cameras) and by ``remote_stats_path`` (a checkpoint's config.json and processor files,
@@ -12,12 +15,12 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
-from ..params import ParameterError, effective
-from ..policy.checkpoint import CheckpointError, load_normalizers
-from ..policy.config_fields import ConfigError
-from ..policy.families import folder_config
-from .client import RemoteBackend, RemoteSettings, public_url
-from .profiles import PROFILES, KeyMapError, default_cameras, resolve_key_map
+from .params import ParameterError, effective
+from .policy.checkpoint import CheckpointError, load_normalizers
+from .policy.config_fields import ConfigError
+from .policy.families import folder_config
+from .remote.client import RemoteBackend, RemoteSettings, public_url
+from .wire.profiles import PROFILES, KeyMapError, default_cameras, resolve_key_map
 
 MAX_REMOTE_HORIZON = 1000           # the most actions a reply may carry when nothing says the chunk size
 MAX_KEY_FILE_BYTES = 4096
@@ -25,7 +28,7 @@ MAX_KEY_FILE_BYTES = 4096
 
 @dataclass(frozen=True)
 class RemoteConfig:
-    """The policy-level fields (SEAM.md section 1) for a policy that runs elsewhere."""
+    """The policy-level fields (policy/family.py PolicyLevelConfig) for a policy that runs elsewhere."""
 
     camera_names: Tuple[str, ...]
     state_dim: int

@@ -534,7 +534,7 @@ class PolicyRuntime:
                     **self.fast_path_summary())
 
     def summary(self) -> str:
-        """The configure log line's backend part (SEAM.md section 2)."""
+        """The configure log line's backend part (the backend seam, docs/architecture.md)."""
         return (f'loaded {self.config.policy_type} from {self.checkpoint_path or "a checkpoint"} on {self.device} '
                 f'({self.dtype}); one cached prefix = {self.prefix_bytes() / 2**20:.2f} MiB')
 

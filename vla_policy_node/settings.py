@@ -3,9 +3,9 @@
     values --validate--> load backend --validate against its config--> input layout --> tick settings
            --> warm-up
 
-The backend (SEAM.md section 2) is what the registry in backends.py builds for the ``backend`` parameter: a
-PolicyRuntime (``local``, ``load_local`` here) or a remote client (``remote``, vla_policy_node/remote); neither
-this module nor the tick tells them apart.
+The backend (the backend seam, docs/architecture.md) is what the registry in backends.py builds for the
+``backend`` parameter: a PolicyRuntime (``local``, ``load_local`` here) or a remote client (``remote``,
+remote_settings.py); neither this module nor the tick tells them apart.
 
 The live node reads values from its ROS parameters, the replay tool from the
 same params YAML file; both call ``configure``, so a params file means the
@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .backends import load_backend
 from .observation import InputKind, InputLayout, InputTopic, TimingLimits
 from .outputs import Output, build_outputs
-from .params import BUILTIN_DEMO, BUILTIN_TINY, effective, effective_output_topic, validate
+from .params import FAMILY_OPTIONS, effective, effective_output_topic, validate
+from .policy.builtin import BUILTIN_DEMO, BUILTIN_TINY, checkpoint_folder
 from .policy.family import PolicyLevelConfig
 from .policy.rtc import RTCSettings
-from .policy.tiny_default import builtin_tiny_checkpoint
 from .runtime import PolicyRuntime, set_cpu_threads
 from .safety import SafetySettings
 from .tick import TickSettings
-from .train_demo import builtin_demo_checkpoint
 
 
 @dataclass
@@ -134,12 +132,6 @@ def cpu_threads(setting: int, cpus: Optional[int] = None) -> int:
     return max(1, min(cpus // 2, cpus - 2))
 
 
-def checkpoint_folder(checkpoint: str) -> Path:
-    """The folder a checkpoint_path names: an embedded checkpoint (builtin:demo, builtin:tiny) or a path."""
-    builtin = {BUILTIN_TINY: builtin_tiny_checkpoint, BUILTIN_DEMO: builtin_demo_checkpoint}.get(checkpoint)
-    return builtin() if builtin is not None else Path(checkpoint)
-
-
 def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
     """The runtime a set of parameter values describes (checkpoint, device, dtype, cache, threads)."""
     set_cpu_threads(cpu_threads(values['cpu_threads']))
@@ -148,8 +140,8 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'],
-                                         pi05_padded_state_prompt=values['pi05_padded_state_prompt'],
-                                         cuda_graphs=values['cuda_graphs'])
+                                         cuda_graphs=values['cuda_graphs'],
+                                         **{name: values[name] for name in FAMILY_OPTIONS})
 
 
 def load_local(values: Mapping[str, Any], info: Callable[[str], None] = lambda message: None,

@@ -320,4 +320,3 @@ def write_folder(folder: Path, config: Any, config_document: Mapping[str, Any], 
         for path in tokenizer_files:
             (folder / TOKENIZER_DIR / path.name).write_bytes(path.read_bytes())
     return folder
-

@@ -359,8 +359,10 @@ class PolicyFamily(ABC):
         return cls.parse_config(raw)
 
     @classmethod
-    def tokenizer_source(cls, config: PolicyLevelConfig) -> TokenizerSource:
-        """The tokenizer file this family reads and the Hub repository it comes from, for ``config``."""
+    def tokenizer_source(cls, config: PolicyLevelConfig, hub_name: Optional[str] = None) -> TokenizerSource:
+        """The tokenizer file this family reads and the Hub repository it comes from, for ``config``:
+        ``hub_name`` (what the checkpoint's pre-processor names, when it does) or the family's default, with the
+        note that repository needs (a gated licence)."""
         raise NotImplementedError
 
     @classmethod
@@ -473,4 +475,3 @@ class PolicyFamily(ABC):
         return {'policy_type': cfg.policy_type, 'cameras': list(cfg.all_camera_names),
                 'prefix_len': cfg.prefix_len, 'cache_entry_bytes': cfg.cache_entry_bytes(element),
                 'state_in_prompt': self.state_in_prompt, **{k: v for k, v in self.options.items()}}
-

@@ -1,12 +1,11 @@
-"""The embedded default: a tiny pi0 with seeded random weights, written as a real checkpoint.
+"""Tiny random-weight checkpoints of any family, written as real lerobot folders (``vla_policy_make_checkpoint``).
 
-Tests and the demo load it through the same code as a real lerobot folder.
-Its actions are meaningless (random weights); only the plumbing is real.
+``builtin:tiny`` (policy/builtin.py), the tests, the demo and the benchmarks load them through the same code
+as a real lerobot folder. Their actions are meaningless (seeded random weights); only the plumbing is real.
 """
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
@@ -16,7 +15,7 @@ import torch
 
 from torch import nn
 
-from .families import family_class, known_types, save_checkpoint
+from .families import EMBEDDED_TYPE, family_class, known_types, save_checkpoint
 from .layers import fuse_projections
 
 DEFAULT_SEED = 0
@@ -61,34 +60,17 @@ TINY_ACTION_NAMES = ('shoulder_pan.pos', 'shoulder_lift.pos', 'elbow_flex.pos', 
                      'gripper.pos')
 
 
-def write_tiny_default(folder: Path, policy_type: str = 'pi0', seed: int = DEFAULT_SEED,
+def write_tiny_default(folder: Path, policy_type: str = EMBEDDED_TYPE, seed: int = DEFAULT_SEED,
                        relative_actions: bool = False) -> Path:
     """The tiny checkpoint; ``relative_actions``: trained on offsets from the state, gripper absolute."""
     overrides = dict(use_relative_actions=True, action_feature_names=TINY_ACTION_NAMES) if relative_actions else {}
     return write_random_checkpoint(folder, family_class(policy_type).tiny_config(**overrides), seed)
 
 
-def builtin_tiny_checkpoint() -> Path:
-    """The embedded default (checkpoint_path "builtin:tiny"), written on first use under ~/.cache."""
-    folder = Path.home() / '.cache' / 'vla_policy_node' / 'tiny_pi0'
-    if (folder / 'model.safetensors').exists():
-        return folder
-    # Written beside and renamed into place, so a half-written folder is never loaded.
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix='tiny_pi0.', dir=folder.parent))
-    write_tiny_default(scratch, 'pi0')
-    try:
-        scratch.rename(folder)
-    except OSError:  # another process finished first; its folder is complete
-        shutil.rmtree(scratch, ignore_errors=True)
-    return folder
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description='Write the tiny random-weight checkpoint (lerobot layout).')
     parser.add_argument('output', type=Path, help='folder to create (pretrained_model layout)')
-    parser.add_argument('--type', choices=known_types(), default='pi0')
+    parser.add_argument('--type', choices=known_types(), default=EMBEDDED_TYPE)
     parser.add_argument('--seed', type=int, default=DEFAULT_SEED)
     parser.add_argument('--relative-actions', action='store_true',
                         help='use_relative_actions: actions are offsets from the state (gripper absolute)')

@@ -3,7 +3,7 @@
     tick thread:  checks + frames + encode --Connection.exchange, <= remote_timeout_sec--> reply checks
                   (error frame, form, shape, dtype, finite) -> unnormalise (profiles that want it) -> ActionChunk
 
-The connection (connection.py) lives on its own event loop; what the server expects is profiles.py's.
+The connection (connection.py) lives on its own event loop; what the server expects is wire/profiles.py's.
 The wire is openpi's (packages/openpi-client/src/openpi_client/websocket_client_policy.py, openpi 15a9616):
 one observation in, one reply out, a *text* frame is an error. Every fault is a RemoteError with its own
 SkipReason: the tick is skipped and the safety supervisor holds.
@@ -21,11 +21,11 @@ import numpy as np
 from ..images import DEFAULT_MAX_PIXELS
 from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from ..runtime import ActionChunk, checked_instruction, checked_state
-from . import codec
+from ..wire import codec
 from .connection import Connection, public_url
-from .errors import BAD_REPLY, ERROR_FRAME, KINDS, RemoteError
+from ..wire.errors import BAD_REPLY, ERROR_FRAME, KINDS, RemoteError
 from .frames import wire_frame
-from .profiles import PROFILES, KeyMap, observation_message, reply_actions
+from ..wire.profiles import PROFILES, KeyMap, observation_message, reply_actions
 
 __all__ = ['RemoteBackend', 'RemoteSettings', 'public_url']
 LATENCY_WINDOW = 200
@@ -50,8 +50,8 @@ class _Counters:
 
 
 class RemoteBackend:
-    """The backend seam (SEAM.md section 2): ``infer``, ``config``, ``warmup``, ``close``, ``describe``,
-    ``summary``."""
+    """The backend seam (docs/architecture.md, backends.py): ``infer``, ``config``, ``warmup``, ``close``,
+    ``describe``, ``summary``."""
 
     def __init__(self, settings: RemoteSettings, config: Any, key_map: KeyMap,
                  normalizers: Optional[Tuple[Any, Any]] = None) -> None:

@@ -21,8 +21,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from ..observation import SkipReason
-from . import codec
-from .errors import AUTH, BAD_REPLY, DISCONNECTED, ERROR_FRAME, TIMEOUT, UNREACHABLE, RemoteError
+from ..wire import codec
+from ..wire.errors import AUTH, BAD_REPLY, DISCONNECTED, ERROR_FRAME, TIMEOUT, UNREACHABLE, RemoteError
 from .logs import websockets_logger
 
 LOG = logging.getLogger(__name__)

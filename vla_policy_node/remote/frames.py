@@ -1,6 +1,6 @@
 """Camera frames as the wire carries them: RGB uint8, resized with padding on the robot, or raw.
 
-openpi's clients resize on the robot to save bandwidth (``docs/remote_inference.md``) with
+openpi's clients resize on the robot to save bandwidth (openpi's own ``docs/remote_inference.md``) with
 ``image_tools.resize_with_pad(img, 224, 224)`` (packages/openpi-client/src/openpi_client/image_tools.py,
 openpi 15a9616): PIL bilinear to ``int(side / ratio)`` with ``ratio = max(w / W, h / H)``, pasted at
 ``int((W - w) / 2), int((H - h) / 2)`` on a zero image; a frame already at the size is sent as is.

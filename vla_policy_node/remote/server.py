@@ -11,8 +11,9 @@ and requests wait in a bounded queue, refused with a clear message when it is fu
 robots is sglang's and vLLM-Omni's job; this server serves one request at a time, through one cache.
 
 Requests: frames per camera name under ``images`` (HWC or CHW uint8; float in [0, 1] is scaled as openpi
-does), or openpi's DROID / LIBERO keys (droid_policy.py, libero_policy.py); any size (the runtime resizes
-with padding); ``state`` (or DROID's joint + gripper positions, LIBERO's ``observation/state``); ``prompt``.
+does), or openpi's DROID / LIBERO keys (droid_policy.py, libero_policy.py; the layouts of wire/profiles.py),
+whose i-th image is the checkpoint's i-th camera; any size (the runtime resizes with padding); ``state``
+(or DROID's joint + gripper positions, LIBERO's ``observation/state``); ``prompt``.
 Extensions (listed in the metadata): ``seed``, ``noise`` [H, max_action_dim], ``num_steps``, and for
 real-time chunking ``prev_actions`` [T, action_dim] (robot units) with ``inference_delay`` and ``rtc``.
 """
@@ -37,16 +38,24 @@ from websockets.exceptions import ConnectionClosed
 
 from ..observation import Observation, ObservationError
 from ..policy.rtc import RTCSettings
-from . import codec
+from ..wire import codec
+from ..wire.profiles import LAYOUTS
 from .logs import websockets_logger
 
 LOG = logging.getLogger('vla_policy_serve')
 EXTENSIONS = ('seed', 'noise', 'num_steps', 'prev_actions')
 DEFAULT_MAX_QUEUE = 8
-# openpi's DROID and LIBERO keys (droid_policy.py DroidInputs, libero_policy.py LiberoInputs) -> pi0 cameras.
-OPENPI_CAMERA_KEYS = {'observation/exterior_image_1_left': 'base_0_rgb', 'observation/wrist_image_left':
-                      'left_wrist_0_rgb', 'observation/image': 'base_0_rgb',
-                      'observation/wrist_image': 'left_wrist_0_rgb'}
+# The openpi key layouts a request may use besides ``images`` (droid_policy.py DroidInputs, libero_policy.py
+# LiberoInputs).
+OPENPI_LAYOUTS = ('droid', 'libero')
+
+
+def openpi_camera_keys(camera_names: Sequence[str]) -> Dict[str, str]:
+    """openpi's image keys (the DROID and LIBERO layouts of wire/profiles.py) -> the checkpoint's cameras: a
+    layout's i-th image is the i-th of ``camera_names`` (a layout with more images than the checkpoint has
+    cameras maps only the first ones)."""
+    return {key: camera for layout in OPENPI_LAYOUTS
+            for (_, key), camera in zip(LAYOUTS[layout].cameras, camera_names)}
 
 
 class RequestError(ValueError):
@@ -78,8 +87,9 @@ def _state(message: Mapping[str, Any]) -> np.ndarray:
     return np.asarray(state, dtype=np.float64)
 
 
-def parse_request(message: Any) -> Tuple[Observation, Dict[str, Any]]:
-    """A decoded request -> the observation and the runtime's infer options."""
+def parse_request(message: Any, camera_keys: Mapping[str, str]) -> Tuple[Observation, Dict[str, Any]]:
+    """A decoded request -> the observation and the runtime's infer options; ``camera_keys`` maps openpi's
+    image keys to camera names (``openpi_camera_keys``)."""
     if not isinstance(message, Mapping):
         raise RequestError(f'a request is a map, got {type(message).__name__}')
     images = message.get('images')
@@ -88,7 +98,7 @@ def parse_request(message: Any) -> Tuple[Observation, Dict[str, Any]]:
     frames: Dict[str, np.ndarray] = {}
     if isinstance(images, Mapping):
         frames.update({str(name): _frame(str(name), value) for name, value in images.items()})
-    for key, camera in OPENPI_CAMERA_KEYS.items():
+    for key, camera in camera_keys.items():
         if key in message:
             frames[camera] = _frame(camera, message[key])
     if not frames:
@@ -136,6 +146,7 @@ class PolicyServer:
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='vla_serve_infer')
         self.served = 0
         self.refused_busy = 0
+        self.camera_keys = openpi_camera_keys(runtime.config.camera_names)
 
     def metadata(self) -> Dict[str, Any]:
         cfg = self.runtime.config
@@ -170,7 +181,7 @@ class PolicyServer:
         if isinstance(frame, str):
             return 'error: requests are binary msgpack frames, got a text frame'
         try:
-            observation, options = parse_request(codec.unpackb(frame, self.max_message_bytes))
+            observation, options = parse_request(codec.unpackb(frame, self.max_message_bytes), self.camera_keys)
         except (codec.CodecError, RequestError) as exc:
             return f'error: bad request: {exc}'
         if self._pending >= self.max_queue:
@@ -224,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='[vla_policy_serve] %(message)s')
     from ..runtime import PolicyRuntime
-    from ..settings import checkpoint_folder
+    from ..policy.builtin import checkpoint_folder
 
     api_key = ''
     if args.api_key_file is not None:

@@ -63,10 +63,36 @@ def _folder_family(folder: Path) -> Tuple[Type[PolicyFamily], Dict[str, Any]]:
 
 def load_policy(folder: Union[str, Path], device: torch.device, dtype: torch.dtype,
                 tokenizer_path: Optional[Union[str, Path]] = None, **options: Any) -> PolicyFamily:
-    """Load a lerobot ``pretrained_model/`` folder with the family its config.json ``type`` names."""
+    """Load a lerobot ``pretrained_model/`` folder with the family its config.json ``type`` names.
+
+    ``options`` are family options: one that no family has (a misspelt keyword) is refused as unknown,
+    one that another family has, set away from its off value, by that family's ``checked_options``."""
     folder = Path(folder)
     family, _ = _folder_family(folder)
+    unknown = sorted(name for name in options if name not in family.option_defaults
+                     and name not in family_options())
+    if unknown:
+        raise ValueError(f'unknown option{"s" if len(unknown) > 1 else ""} {", ".join(map(repr, unknown))}: no '
+                         f'policy family takes {"them" if len(unknown) > 1 else "it"} (their options: '
+                         f'{", ".join(family_options()) or "none"})')
     return family.load(folder, device, dtype, Path(tokenizer_path) if tokenizer_path else None, **options)
+
+
+def family_options() -> Tuple[str, ...]:
+    """Every option any registered family takes (``option_defaults``), sorted; imports every family."""
+    return tuple(sorted({name for type_name in FAMILIES for name in family_class(type_name).option_defaults}))
+
+
+def preset_config(name: str, depth: Optional[int] = None) -> Any:
+    """The configuration of a named preset of any registered family (benchmarks; ``depth`` as
+    ``PolicyFamily.preset``); ConfigError naming the known presets otherwise. Imports every family."""
+    known = []
+    for type_name in FAMILIES:
+        family = family_class(type_name)
+        if name in family.preset_names:
+            return family.preset(name, depth)
+        known += family.preset_names
+    raise ConfigError(f'unknown preset {name!r}; known: {", ".join(known)}')
 
 
 def folder_config(folder: Union[str, Path]) -> Any:

@@ -18,16 +18,19 @@ import numpy as np
 import torch
 
 from ...checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
-                          normalizer_step, relative_step, write_folder)
+                           normalizer_step, relative_step, write_folder)
 from .config import PolicyConfig, fields_for, preset
 from ...config_fields import ConfigError
-from ...family import PolicyFamily
+from ...family import PolicyFamily, TokenizerSource
 from .model import PiZeroModel
 from ...preprocess import resize_with_pad, to_model_range
 from .tiny_tokenizer import build_test_tokenizer
-from .tokenizer import PromptTokenizer
+from .flops import stage_flops
+from .tokenizer import SENTENCEPIECE_FILE, PromptTokenizer
 
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
+PALIGEMMA_LICENCE_NOTE = ('PaliGemma is gated on the Hugging Face Hub: accept its licence at '
+                          'https://huggingface.co/{name} and log in (`huggingface-cli login`) first.')
 LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
                 'paligemma_with_expert.gemma_expert.lm_head.weight')
 EMBED_KEY = 'paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight'
@@ -47,8 +50,9 @@ class Pi0Family(PolicyFamily):
                                                    known_unused=lambda key: key in LM_HEAD_KEYS,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})
     model_class: ClassVar[Any] = PiZeroModel
-    tokenizer_hint: ClassVar[str] = ('the PaliGemma tokenizer.model (see README "Getting a real checkpoint")')
+    tokenizer_hint: ClassVar[str] = 'the PaliGemma tokenizer.model (see docs/checkpoints.md)'
     tokenizer_class: ClassVar[Any] = PromptTokenizer
+    preset_names: ClassVar[Tuple[str, ...]] = ('tiny', 'pi0_shallow', 'pi0')
     model: PiZeroModel
 
     # ---- loading ---------------------------------------------------------------------------------
@@ -59,6 +63,13 @@ class Pi0Family(PolicyFamily):
     @classmethod
     def config_fields(cls) -> Mapping[str, Any]:
         return fields_for(cls.type_name)
+
+    @classmethod
+    def tokenizer_source(cls, config: PolicyConfig, hub_name: Optional[str] = None) -> TokenizerSource:
+        """PaliGemma's tokenizer.model; its repository is gated (the licence note), another one may not be."""
+        name = hub_name or HUB_TOKENIZER_NAME
+        note = PALIGEMMA_LICENCE_NOTE.format(name=name) if 'paligemma' in name.lower() else ''
+        return TokenizerSource(SENTENCEPIECE_FILE, name, note)
 
     @classmethod
     def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
@@ -95,6 +106,18 @@ class Pi0Family(PolicyFamily):
         tensors[LM_HEAD_KEYS[1]] = torch.zeros(config.vocab_size, config.expert.width)
         return write_folder(folder, config, config.to_lerobot_dict(), tensors, cls.preprocessor_steps(config),
                             state_stats, action_stats, tokenizer_files=[tokenizer_file] if tokenizer_file else [])
+
+    # ---- benchmarks ------------------------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, depth: Optional[int] = None) -> PolicyConfig:
+        if name not in cls.preset_names:
+            raise ConfigError(f'unknown {cls.type_name} preset {name!r}; known: {", ".join(cls.preset_names)}')
+        overrides = {'depth': depth} if name == 'pi0_shallow' and depth is not None else {}
+        return preset(name, policy_type=cls.type_name, **overrides)
+
+    @classmethod
+    def stage_flops(cls, config: PolicyConfig, num_steps: int) -> Dict[str, int]:
+        return stage_flops(config, num_steps)
 
     # ---- the model calls -----------------------------------------------------------------------------
     def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

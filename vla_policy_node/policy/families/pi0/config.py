@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ...config_fields import (ACTION_FEATURE, DEFAULT_ONLY, IMAGE_FEATURE_PREFIX, IMPLEMENTED, METADATA,  # noqa: F401
-                            PRETRAINED_CONFIG_FIELDS, STATE_FEATURE, TRAINING, ConfigError, ConfigField, bool_field,
-                            check_fields, feature_documents, features, names_field, normalization_mapping, table)
+                              PRETRAINED_CONFIG_FIELDS, STATE_FEATURE, TRAINING, ConfigError, ConfigField, bool_field,
+                              check_fields, feature_documents, features, names_field, normalization_mapping, table)
 from ...family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig  # noqa: F401
 from ...gemma import GemmaSize
 from ...siglip import VisionSize

@@ -216,4 +216,3 @@ def _load_backend(path: Path, data: bytes):
         raise
     except Exception as exc:  # both libraries raise assorted types on bad files
         raise TokenizerError(f'cannot load tokenizer {path}: {exc}') from exc
-

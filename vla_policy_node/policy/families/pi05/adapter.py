@@ -34,6 +34,7 @@ class Pi05Family(Pi0Family):
     type_name: ClassVar[str] = 'pi05'
     state_in_prompt: ClassVar[bool] = True
     option_defaults: ClassVar[Mapping[str, Any]] = {'pi05_padded_state_prompt': False}
+    preset_names: ClassVar[Tuple[str, ...]] = ('pi05',)
     weight_keys: ClassVar[WeightKeys] = WeightKeys(renames=PI05_KEY_RENAMES,
                                                    known_unused=pi05_unused,
                                                    stand_ins={EMBED_KEY: LM_HEAD_KEYS[0]})

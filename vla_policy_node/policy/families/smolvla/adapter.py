@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from ...checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
-                          normalizer_step, write_folder)
+                           normalizer_step, write_folder)
 from ...config_fields import ConfigError
-from ...family import PolicyFamily
+from ...family import PolicyFamily, TokenizerSource
 from ...preprocess import resize_with_pad_left_top, to_model_range
+from .flops import stage_flops
 from .model import SmolVLAModel
 from .config import SMOLVLA_CONFIG_FIELDS, SmolVLAConfig, smolvla_preset
 from .tokenizer import SmolVLMTokenizer
@@ -41,7 +42,8 @@ class SmolVLAFamily(PolicyFamily):
     state_in_prompt: ClassVar[bool] = False
     model_class: ClassVar[Any] = SmolVLAModel
     tokenizer_class: ClassVar[Any] = SmolVLMTokenizer
-    tokenizer_hint: ClassVar[str] = 'SmolVLM2\'s tokenizer.json (see README "SmolVLA checkpoints")'
+    tokenizer_hint: ClassVar[str] = 'SmolVLM2\'s tokenizer.json (see docs/checkpoints.md)'
+    preset_names: ClassVar[Tuple[str, ...]] = ('smolvla_tiny', 'smolvla')
     # lerobot saves the backbone's lm_head; inference never reads it.
     weight_keys: ClassVar[WeightKeys] = WeightKeys(known_unused=lambda key: key == LM_HEAD_KEY)
     model: SmolVLAModel
@@ -66,6 +68,11 @@ class SmolVLAFamily(PolicyFamily):
             except json.JSONDecodeError as exc:
                 raise CheckpointError(f'{vlm_path} is not valid JSON: {exc}') from exc
         return cls.parse_config(raw, vlm_config)
+
+    @classmethod
+    def tokenizer_source(cls, config: SmolVLAConfig, hub_name: Optional[str] = None) -> TokenizerSource:
+        """The backbone's tokenizer.json (lerobot's tokenizer step names vlm_model_name)."""
+        return TokenizerSource(HF_TOKENIZER_FILE, hub_name or config.vlm_model_name)
 
     @classmethod
     def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
@@ -112,6 +119,18 @@ class SmolVLAFamily(PolicyFamily):
                               state_stats, action_stats, relative_steps=False, tokenizer_files=tokenizer_files)
         (Path(folder) / VLM_CONFIG_FILE).write_text(json.dumps(config.backbone.to_hf_config(), indent=2) + '\n')
         return folder
+
+    # ---- benchmarks ------------------------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, depth: Optional[int] = None) -> SmolVLAConfig:
+        """``smolvla_tiny`` (the tiny config) or ``smolvla`` (the real shape: SmolVLM2-500M cut to 16 layers)."""
+        if name not in cls.preset_names:
+            raise ConfigError(f'unknown {cls.type_name} preset {name!r}; known: {", ".join(cls.preset_names)}')
+        return smolvla_preset('tiny' if name == 'smolvla_tiny' else 'smolvla')
+
+    @classmethod
+    def stage_flops(cls, config: SmolVLAConfig, num_steps: int) -> Dict[str, int]:
+        return stage_flops(config, num_steps)
 
     # ---- the model calls -----------------------------------------------------------------------------
     def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ...config_fields import (DEFAULT_ONLY, IMPLEMENTED, METADATA, PRETRAINED_CONFIG_FIELDS, TRAINING, ConfigError,
-                            ConfigField, check_fields, feature_documents, features,
-                            normalization_mapping, table)
+                              ConfigField, check_fields, feature_documents, features,
+                              normalization_mapping, table)
 from ...family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig
 from ...siglip import VisionSize
 from .smolvlm import KNOWN_BACKBONES, LlamaSize, SmolVLMBackbone, expert_size

@@ -44,7 +44,7 @@ from torch import nn
 from ....cache.context import PrefixContext
 from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
 from ...layers import (PackedLinears, TimeEmbeddingTable, additive_mask, fold_mask,
-                     grouped_query_attention, keep_fp32, split_half_rope_tables)
+                       grouped_query_attention, keep_fp32, split_half_rope_tables)
 from ...rtc import RTCGuide, RTCSettings
 from .config import SmolVLAConfig
 from .smolvlm import LlamaExpert, SmolVLM
