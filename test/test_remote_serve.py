@@ -113,6 +113,26 @@ def test_openpi_droid_and_libero_keys_with_resize(server, local):
     assert np.array_equal(droid['actions'], expected) and np.array_equal(libero['actions'], expected)
 
 
+def test_openpi_keys_map_to_the_checkpoints_own_cameras(tmp_path):
+    """DROID's i-th image is the checkpoint's i-th camera, whatever the checkpoint calls its cameras."""
+    from vla_policy_node.policy.families import EMBEDDED_TYPE, family_class
+    from vla_policy_node.policy.tiny_default import write_random_checkpoint
+
+    config = family_class(EMBEDDED_TYPE).tiny_config(camera_names=('front', 'wrist'))
+    runtime = PolicyRuntime.from_pretrained(write_random_checkpoint(tmp_path / 'named', config), device='cpu',
+                                            dtype='float32')
+    server = PolicyServer(runtime)
+    big = frames(('a', 'b'), 3, shape=(120, 160))
+    state = np.linspace(0, 0.5, config.state_dim)
+    reply = asyncio.run(server.answer(codec.packb({
+        'observation/exterior_image_1_left': big['a'], 'observation/wrist_image_left': big['b'],
+        'observation/joint_position': state[:-1], 'observation/gripper_position': state[-1:],
+        'prompt': 'open the drawer', 'seed': 0})))
+    expected = runtime.infer(Observation({'front': big['a'], 'wrist': big['b']}, state, 'open the drawer'),
+                             seed=0).actions
+    assert np.array_equal(codec.unpackb(reply, 1 << 26)['actions'], expected)
+
+
 def test_rtc_extension_matches_local_rtc(server, local):
     cfg = local.config
     images, state = frames(cfg.camera_names, 3), np.zeros(cfg.state_dim)

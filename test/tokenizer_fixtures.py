@@ -104,7 +104,7 @@ def _check_exportable(model: Dict[str, object], model_path: Path) -> None:
 def export_tokenizer_json(model_path: PathLike, out_path: PathLike) -> Path:
     """Write a `tokenizers` tokenizer.json equivalent to a unigram tokenizer.model.
 
-    Supports the settings build_test_tokenizer (policy/tiny_tokenizer.py) uses (unigram, identity
+    Supports the settings build_test_tokenizer (policy/families/pi0/tiny_tokenizer.py) uses (unigram, identity
     normaliser, no dummy prefix); anything else raises TokenizerError rather
     than writing a tokenizer that would silently give other ids.
     """

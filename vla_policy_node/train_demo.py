@@ -18,7 +18,8 @@ What it fits. One sample per recorded joint state at time tau (the ticks the nod
   ``stamp_mode: observation`` (config/demo.yaml), so a published point i is due exactly when its target
   was recorded. Past the end of the recording the last command is repeated (np.interp).
 
-The loss is pi0's flow matching exactly as lerobot and openpi train it (``flow_matching_loss``), the
+The loss is pi0's flow matching exactly as lerobot and openpi train it (``flow_matching_loss`` in
+policy/families/pi0/training.py, with pi0's training forward), the
 weights start from the seeded random default (``write_tiny_default``) and the optimiser is lerobot's pi0
 preset (AdamW, betas (0.9, 0.95), weight decay 0.01, gradient norm clipped at 1, linear warm-up then cosine
 decay) with a larger peak rate, since this model is trained from scratch. Everything random comes from

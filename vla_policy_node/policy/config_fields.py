@@ -59,6 +59,21 @@ PRETRAINED_CONFIG_FIELDS: Tuple[ConfigField, ...] = (
     ConfigField('pretrained_revision', METADATA, 'where training started from'),
 )
 
+# The training presets lerobot's VLA config classes each declare alike (PI0Config, PI05Config, SmolVLAConfig:
+# what their get_optimizer_preset / get_scheduler_preset read, and torch.compile): only training reads them.
+TRAINING_PRESET_FIELDS: Tuple[ConfigField, ...] = (
+    ConfigField('compile_model', TRAINING, 'torch.compile (speed only)'),
+    ConfigField('compile_mode', TRAINING, 'torch.compile (speed only)'),
+    ConfigField('optimizer_lr', TRAINING, 'optimizer'),
+    ConfigField('optimizer_betas', TRAINING, 'optimizer'),
+    ConfigField('optimizer_eps', TRAINING, 'optimizer'),
+    ConfigField('optimizer_weight_decay', TRAINING, 'optimizer'),
+    ConfigField('optimizer_grad_clip_norm', TRAINING, 'optimizer'),
+    ConfigField('scheduler_warmup_steps', TRAINING, 'learning-rate schedule'),
+    ConfigField('scheduler_decay_steps', TRAINING, 'learning-rate schedule'),
+    ConfigField('scheduler_decay_lr', TRAINING, 'learning-rate schedule'),
+)
+
 
 def table(entries: Iterable[ConfigField]) -> Dict[str, ConfigField]:
     """name -> entry; a name twice is a programming error."""

@@ -25,7 +25,7 @@ in what the runtime must do, a capability says so (``state_in_prompt``). Nothing
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -56,10 +56,16 @@ POLICY_LEVEL_FIELDS = (
 
 # ---- the config --------------------------------------------------------------------------------------------
 
-class PolicyLevelConfig:
-    """Mixin of every family config dataclass: the policy-level fields, their shared checks, the byte counts.
+def _mean_std_mapping() -> Dict[str, str]:
+    return {'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'}
 
-    The subclass declares the fields below as dataclass fields (or properties of its architecture):
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyLevelConfig:
+    """Base of every family config dataclass: the policy-level fields, their shared checks, the byte counts.
+
+    The fields every family has, declared once here (a family redeclares one only to give it its own default;
+    every field is keyword-only):
 
     - ``policy_type``: lerobot's config.json ``type``; ``camera_names``: the checkpoint's cameras in model
       order; ``empty_cameras``: masked placeholder slots after them; ``image_resolution``: (height, width)
@@ -68,34 +74,35 @@ class PolicyLevelConfig:
       ``num_inference_steps``: Euler steps by default.
     - ``state_dim`` / ``action_dim``: the robot's; ``max_state_dim`` / ``max_action_dim``: padded to, at the
       model; ``normalization_mapping``: lerobot's modes per feature type.
-    - ``tokenizer_max_length``: prompt tokens (the prefix pads to it); ``vocab_size``: the embedding's rows.
+    - ``tokenizer_max_length``: prompt tokens (the prefix pads to it).
     - ``rtc_training_max_delay``: > 0 when trained for real-time chunking; ``use_relative_actions``,
       ``relative_exclude_joints``, ``action_feature_names``: lerobot's relative actions.
-    - ``tokens_per_image``, ``prefix_len`` (the cached prefix: image slots x tokens + prompt tokens),
-      ``num_prefix_layers`` (layers of the stack the prefix runs through).
+
+    and what the family's architecture gives (a field or a property of the subclass): ``vocab_size`` (the
+    embedding's rows), ``tokens_per_image``, ``prefix_len`` (the cached prefix: image slots x tokens + prompt
+    tokens), ``num_prefix_layers`` (layers of the stack the prefix runs through), ``kv_entry_bytes``.
     """
 
     policy_type: str
     camera_names: Tuple[str, ...]
-    empty_cameras: int
-    image_resolution: Tuple[int, int]
-    chunk_size: int
-    n_action_steps: int
-    num_inference_steps: int
+    empty_cameras: int = 0
+    image_resolution: Tuple[int, int]                       # (height, width)
+    chunk_size: int = 50
+    n_action_steps: int = 50
+    max_state_dim: int = 32
+    max_action_dim: int = 32
     state_dim: int
     action_dim: int
-    max_state_dim: int
-    max_action_dim: int
-    normalization_mapping: Mapping[str, str]
-    tokenizer_max_length: int
-    vocab_size: int
-    rtc_training_max_delay: int
-    use_relative_actions: bool
-    relative_exclude_joints: Tuple[str, ...]
-    action_feature_names: Optional[Tuple[str, ...]]
-    tokens_per_image: int
-    prefix_len: int
-    num_prefix_layers: int
+    num_inference_steps: int = 10
+    tokenizer_max_length: int = 48
+    normalization_mapping: Mapping[str, str] = field(default_factory=_mean_std_mapping)
+    # Trained real-time chunking: the checkpoint learned to continue a clean prefix of up to this many
+    # actions (lerobot PI05Config.rtc_training_max_delay); 0: only guided RTC.
+    rtc_training_max_delay: int = 0
+    # lerobot relative actions (policy/relative_actions.py): offsets from the raw state on masked joints.
+    use_relative_actions: bool = False
+    relative_exclude_joints: Tuple[str, ...] = ()
+    action_feature_names: Optional[Tuple[str, ...]] = None
 
     @property
     def all_camera_names(self) -> Tuple[str, ...]:

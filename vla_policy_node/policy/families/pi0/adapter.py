@@ -1,8 +1,9 @@
 """pi0: PaliGemma prefix (SigLIP + Gemma 2B), a Gemma 300M action expert, the state as one suffix token.
 
 lerobot ``src/lerobot/policies/pi0/`` at 7427f318 (``modeling_pi0.py``, ``processor_pi0.py``). The model
-and its building blocks live in ``policy/`` (``pi0.py``, ``gemma.py``, ``siglip.py``, ``layers.py``) and are
-shared with pi0.5 (``families/pi05.py``, a subclass of this family that changes what differs).
+(``model.py`` here, on the shared blocks ``policy/gemma.py``, ``siglip.py``, ``layers.py``), the config and the
+tokenizer of this folder are shared with pi0.5 (``families/pi05/adapter.py``, a subclass of this family that
+changes what differs).
 
     prompt   BOS + task + "\\n", right padded to tokenizer_max_length (PaliGemma tokenizer)
     images   resize-with-pad to image_resolution, centred (lerobot resize_with_pad_torch), x*2-1

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ...config_fields import (ACTION_FEATURE, DEFAULT_ONLY, IMAGE_FEATURE_PREFIX, IMPLEMENTED, METADATA,  # noqa: F401
-                              PRETRAINED_CONFIG_FIELDS, STATE_FEATURE, TRAINING, ConfigError, ConfigField, bool_field,
-                              check_fields, feature_documents, features, names_field, normalization_mapping, table)
+                              PRETRAINED_CONFIG_FIELDS, STATE_FEATURE, TRAINING, TRAINING_PRESET_FIELDS, ConfigError,
+                              ConfigField, bool_field, check_fields, feature_documents, features, names_field,
+                              normalization_mapping, table)
 from ...family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig  # noqa: F401
 from ...gemma import GemmaSize
 from ...siglip import VisionSize
@@ -68,41 +69,26 @@ SIGLIP_SO400M_14 = VisionSize(width=1152, depth=27, mlp_dim=4304, num_heads=16, 
 PALIGEMMA_VOCAB_SIZE = 257152
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PolicyConfig(PolicyLevelConfig):
-    """Everything needed to build a pi0 / pi0.5 model and its pre/post-processing."""
+    """Everything needed to build a pi0 / pi0.5 model and its pre/post-processing (``policy_type`` one of
+    PALIGEMMA_TYPES); the policy-level fields are PolicyLevelConfig's, with pi0's defaults here."""
 
-    policy_type: str  # a PaliGemma family type (PALIGEMMA_TYPES)
     vision: VisionSize
     language: GemmaSize
     expert: GemmaSize
     vocab_size: int = PALIGEMMA_VOCAB_SIZE
     camera_names: Tuple[str, ...] = ('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb')
-    empty_cameras: int = 0
-    image_resolution: Tuple[int, int] = (224, 224)  # (height, width)
-    chunk_size: int = 50
-    n_action_steps: int = 50
-    max_state_dim: int = 32
-    max_action_dim: int = 32
+    image_resolution: Tuple[int, int] = (224, 224)
     state_dim: int = 32
     action_dim: int = 32
-    num_inference_steps: int = 10
+    relative_exclude_joints: Tuple[str, ...] = ('gripper',)
     min_period: float = 4e-3
     max_period: float = 4.0
-    tokenizer_max_length: int = 48
-    normalization_mapping: Mapping[str, str] = field(
-        default_factory=lambda: {'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'})
     rms_norm_eps: float = 1e-6
     layer_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     dtype: str = 'float32'
-    # Trained real-time chunking: the checkpoint learned to continue a clean prefix of up to this many
-    # actions (lerobot PI05Config.rtc_training_max_delay); 0: only guided RTC.
-    rtc_training_max_delay: int = 0
-    # lerobot relative actions (policy/relative_actions.py): offsets from the raw state on masked joints.
-    use_relative_actions: bool = False
-    relative_exclude_joints: Tuple[str, ...] = ('gripper',)
-    action_feature_names: Optional[Tuple[str, ...]] = None
     traits: PaliGemmaTraits = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -292,18 +278,9 @@ LEROBOT_CONFIG_FIELDS: Tuple[ConfigField, ...] = (
     _field('tokenizer_max_length', IMPLEMENTED, 'prompt length'),
     _field('normalization_mapping', IMPLEMENTED, 'VISUAL IDENTITY; STATE and ACTION any lerobot mode'),
     _field('gradient_checkpointing', TRAINING, 'memory saving in training'),
-    _field('compile_model', TRAINING, 'torch.compile (speed only)'),
-    _field('compile_mode', TRAINING, 'torch.compile (speed only)'),
     _field('freeze_vision_encoder', TRAINING, 'fine-tuning'),
     _field('train_expert_only', TRAINING, 'fine-tuning'),
-    _field('optimizer_lr', TRAINING, 'optimizer'),
-    _field('optimizer_betas', TRAINING, 'optimizer'),
-    _field('optimizer_eps', TRAINING, 'optimizer'),
-    _field('optimizer_weight_decay', TRAINING, 'optimizer'),
-    _field('optimizer_grad_clip_norm', TRAINING, 'optimizer'),
-    _field('scheduler_warmup_steps', TRAINING, 'learning-rate schedule'),
-    _field('scheduler_decay_steps', TRAINING, 'learning-rate schedule'),
-    _field('scheduler_decay_lr', TRAINING, 'learning-rate schedule'),
+    *(dataclasses.replace(entry, policy_types=PALIGEMMA_TYPES) for entry in TRAINING_PRESET_FIELDS),
 )
 CONFIG_FIELDS: Dict[str, ConfigField] = table(LEROBOT_CONFIG_FIELDS)
 

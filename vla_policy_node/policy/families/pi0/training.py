@@ -1,7 +1,7 @@
 """pi0's training forward and flow-matching loss, as lerobot and openpi train it (the embedded demo's trainer).
 
-``vla_policy_train_demo`` (train_demo.py) fits the tiny pi0 of ``builtin:demo`` with these; inference never
-imports this module. The forward is built from the model's own submodules (names as lerobot's checkpoint
+``vla_policy_train_demo`` (vla_policy_node/train_demo.py) fits the tiny pi0 of ``builtin:demo`` with these;
+inference never imports this module. The forward is built from the model's own submodules (names as lerobot's checkpoint
 keys) and each decoder layer's own forward, so training and inference run the same layers.
 """
 from __future__ import annotations

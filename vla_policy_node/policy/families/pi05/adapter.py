@@ -2,7 +2,7 @@
 
 lerobot ``src/lerobot/policies/pi05/`` at 7427f318 (``modeling_pi05.py``, ``processor_pi05.py``): the
 normaliser runs before ``Pi05PrepareStateTokenizerProcessorStep``, which writes
-"Task: ..., State: <256 bins>;\\nAction: " (policy/tokenizer.py); the suffix is the action tokens only.
+"Task: ..., State: <256 bins>;\\nAction: " (pi0/tokenizer.py); the suffix is the action tokens only.
 Because the state is in the tokens, a state change is a different prefix (``state_in_prompt``).
 
 Option ``pi05_padded_state_prompt``: bin the state zero-padded to max_state_dim, as lerobot did from

@@ -1,8 +1,9 @@
 """SmolVLA: a SmolVLM2 backbone cut to num_vlm_layers, a Llama action expert, the state as the prefix's last token.
 
-lerobot ``src/lerobot/policies/smolvla/`` at 7427f318. The model is ``policy/smolvla.py`` (its docstring has the
-pipeline and the precision of each part), the backbone ``policy/smolvlm.py``, the config and its field table
-``policy/smolvla_config.py``, the tokenizer ``policy/smolvlm_tokenizer.py``.
+lerobot ``src/lerobot/policies/smolvla/`` at 7427f318. In this folder: the model ``model.py`` (its docstring has the
+pipeline and the precision of each part), the backbone ``smolvlm.py``, the config and its field table
+``config.py``, the tokenizer ``tokenizer.py`` (and ``tiny_tokenizer.py`` for random-weight checkpoints), the
+FLOP counter ``flops.py``.
 
     folder     config.json (type smolvla), model.safetensors (lerobot's keys), the processor files with their
                MEAN_STD statistics, tokenizer/tokenizer.json (SmolVLM2's), vlm_config.json (optional: the

@@ -3,7 +3,7 @@
 Fields of ``SmolVLAConfig`` (src/lerobot/policies/smolvla/configuration_smolvla.py) and ``PreTrainedConfig``
 at huggingface/lerobot 7427f31801f944f5ec9ce53cda02862ce7d1638b; test/test_smolvla_family.py holds the list
 and fails when one is missing here. The backbone comes from ``vlm_config.json`` in the folder or the table of
-known backbones keyed by ``vlm_model_name`` (policy/smolvlm.py).
+known backbones keyed by ``vlm_model_name`` (smolvlm.py in this folder).
 
 Layers: VLM layer i is a self-attention layer when ``attention_mode`` has no "cross" or
 ``self_attn_every_n_layers`` > 0 divides i; the others are cross-attention layers. Expert layer e sits at VLM
@@ -14,12 +14,12 @@ without one) are refused at load.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ...config_fields import (DEFAULT_ONLY, IMPLEMENTED, METADATA, PRETRAINED_CONFIG_FIELDS, TRAINING, ConfigError,
-                              ConfigField, check_fields, feature_documents, features,
-                              normalization_mapping, table)
+from ...config_fields import (DEFAULT_ONLY, IMPLEMENTED, METADATA, PRETRAINED_CONFIG_FIELDS, TRAINING,
+                              TRAINING_PRESET_FIELDS, ConfigError, ConfigField, check_fields, feature_documents,
+                              features, normalization_mapping, table)
 from ...family import EMPTY_CAMERA_PREFIX, PolicyLevelConfig
 from ...siglip import VisionSize
 from .smolvlm import KNOWN_BACKBONES, LlamaSize, SmolVLMBackbone, expert_size
@@ -49,14 +49,7 @@ SMOLVLA_CONFIG_FIELDS: Dict[str, ConfigField] = table((
     ConfigField('freeze_vision_encoder', TRAINING, 'fine-tuning'),
     ConfigField('train_expert_only', TRAINING, 'fine-tuning'),
     ConfigField('train_state_proj', TRAINING, 'fine-tuning'),
-    ConfigField('optimizer_lr', TRAINING, 'optimizer'),
-    ConfigField('optimizer_betas', TRAINING, 'optimizer'),
-    ConfigField('optimizer_eps', TRAINING, 'optimizer'),
-    ConfigField('optimizer_weight_decay', TRAINING, 'optimizer'),
-    ConfigField('optimizer_grad_clip_norm', TRAINING, 'optimizer'),
-    ConfigField('scheduler_warmup_steps', TRAINING, 'learning-rate schedule'),
-    ConfigField('scheduler_decay_steps', TRAINING, 'learning-rate schedule'),
-    ConfigField('scheduler_decay_lr', TRAINING, 'learning-rate schedule'),
+    *TRAINING_PRESET_FIELDS,
     ConfigField('vlm_model_name', IMPLEMENTED, 'backbone sizes from the table of known backbones '
                 '(or vlm_config.json in the folder)'),
     ConfigField('load_vlm_weights', METADATA, 'training initialisation; the weights are model.safetensors'),
@@ -75,32 +68,23 @@ SMOLVLA_CONFIG_FIELDS: Dict[str, ConfigField] = table((
     ConfigField('max_period', IMPLEMENTED, 'time embedding'),
     ConfigField('rtc_config', METADATA, "lerobot's rollout-time RTC settings; the node's chunking and rtc_* "
                 'parameters decide'),
-    ConfigField('compile_model', TRAINING, 'torch.compile (speed only)'),
-    ConfigField('compile_mode', TRAINING, 'torch.compile (speed only)'),
 ))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SmolVLAConfig(PolicyLevelConfig):
-    """Everything needed to build a SmolVLA model and its pre/post-processing."""
+    """Everything needed to build a SmolVLA model and its pre/post-processing; the policy-level fields are
+    PolicyLevelConfig's, with SmolVLA's defaults here (lerobot's SmolVLA has no trained RTC and no relative
+    actions: those stay at their off values)."""
 
     backbone: SmolVLMBackbone
     vlm_model_name: str = DEFAULT_BACKBONE
     policy_type: str = SMOLVLA_TYPE
     camera_names: Tuple[str, ...] = ('camera1', 'camera2')
-    empty_cameras: int = 0
-    image_resolution: Tuple[int, int] = (512, 512)           # (height, width)
-    chunk_size: int = 50
-    n_action_steps: int = 50
-    max_state_dim: int = 32
-    max_action_dim: int = 32
+    image_resolution: Tuple[int, int] = (512, 512)
     state_dim: int = 6
     action_dim: int = 6
-    num_inference_steps: int = 10
-    tokenizer_max_length: int = 48
     pad_language_to: str = 'longest'
-    normalization_mapping: Mapping[str, str] = field(
-        default_factory=lambda: {'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'})
     num_vlm_layers: int = 16
     num_expert_layers: int = -1
     self_attn_every_n_layers: int = 2
@@ -108,11 +92,6 @@ class SmolVLAConfig(PolicyLevelConfig):
     expert_width_multiplier: float = 0.75
     min_period: float = 4e-3
     max_period: float = 4.0
-    # Policy-level fields SmolVLA does not have in lerobot: no trained RTC, no relative actions.
-    rtc_training_max_delay: int = 0
-    use_relative_actions: bool = False
-    relative_exclude_joints: Tuple[str, ...] = ()
-    action_feature_names: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         problem = self.policy_level_problems() or self._architecture_problem()

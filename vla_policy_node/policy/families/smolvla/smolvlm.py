@@ -20,20 +20,16 @@ import torch
 from torch import nn
 
 from ...config_fields import ConfigError
+from ...gemma import GemmaSize
 from ...layers import FusedProjection, GemmaMLP, LlamaRMSNorm, apply_rope, packed_linear
 from ...siglip import SiglipVisionTransformer, VisionSize
 
 
 @dataclass(frozen=True)
-class LlamaSize:
-    """One Llama stack (SmolVLM's text model, or SmolVLA's expert at its own width)."""
+class LlamaSize(GemmaSize):
+    """One Llama stack (SmolVLM's text model, or SmolVLA's expert at its own width): a decoder of the same
+    shape fields as a Gemma stream, with its own norm epsilon."""
 
-    width: int
-    depth: int
-    mlp_dim: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rms_norm_eps: float
 
 
