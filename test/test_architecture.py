@@ -190,6 +190,14 @@ def test_rclpy_is_imported_by_applications_only():
     assert not found, f'rclpy below the applications: {sorted(set(found))}'
 
 
+def test_the_architecture_page_lists_the_same_layers():
+    """docs/architecture.md's layer table names the layers of LAYERS, in the same order."""
+    text = (ROOT / 'docs' / 'architecture.md').read_text()
+    section = text.split('\n## Layers\n', 1)[1].split('\n## ', 1)[0]
+    rows = [line.split('|')[1].strip() for line in section.splitlines() if line.startswith('| ')]
+    assert rows[2:] == [name for name, _ in LAYERS], rows      # after the header and its rule
+
+
 def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
     """The graph checks can fail: a small package with a circle and a model module importing the node."""
     package = tmp_path / 'vla_policy_node'
