@@ -287,7 +287,7 @@ class PolicyRuntime:
         return action_space.to_robot_units(normalized_actions, raw_state, self.action_normalizer,
                                            self.relative_mask)
 
-    # ---- the backend's other calls (backends.py), kept in their own modules ----------------------
+    # ---- warm-up and self-description, in warmup.py / report.py (warmup, describe, summary: backends.py) ----
     def warmup(self) -> ActionChunk:
         """One blank inference outside the cache, capturing the graphs (warmup.py)."""
         return warm_up(self)
