@@ -27,7 +27,8 @@ PACKAGE = ROOT / 'vla_policy_node'
 # A pattern is a module name (that module) or a name ending in '.*' (every module below it); the most
 # specific pattern a module matches gives its layer. A module may import its own layer and the ones below.
 LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ('contracts', ('vla_policy_node', 'vla_policy_node.observation', 'vla_policy_node.images')),
+    ('contracts', ('vla_policy_node', 'vla_policy_node.observation', 'vla_policy_node.images',
+                   'vla_policy_node.observation_checks')),
     ('cache', ('vla_policy_node.cache', 'vla_policy_node.cache.*')),
     ('model blocks', ('vla_policy_node.policy', 'vla_policy_node.policy.*')),
     ('family seam', ('vla_policy_node.policy.family',)),
@@ -36,7 +37,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('model tools', ('vla_policy_node.policy.tiny_default', 'vla_policy_node.policy.builtin')),
     ('wire', ('vla_policy_node.wire', 'vla_policy_node.wire.*')),
     ('backends', ('vla_policy_node.backends', 'vla_policy_node.fast_path', 'vla_policy_node.runtime',
-                  'vla_policy_node.remote', 'vla_policy_node.remote.*')),
+                  'vla_policy_node.runtime.*', 'vla_policy_node.remote', 'vla_policy_node.remote.*')),
     ('control', ('vla_policy_node.trajectory', 'vla_policy_node.handover', 'vla_policy_node.safety',
                  'vla_policy_node.outputs', 'vla_policy_node.tick')),
     ('parameters', ('vla_policy_node.params',)),
@@ -60,12 +61,26 @@ def module_files(package: Path = PACKAGE) -> Dict[str, Path]:
     return modules
 
 
+def _type_checking_only(tree: ast.AST) -> Set[int]:
+    """The import statements under ``if TYPE_CHECKING:`` (annotations only: they never run)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and 'TYPE_CHECKING' in ast.unparse(node.test):
+            found.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    return found
+
+
 def imported_modules(name: str, path: Path, modules: Set[str]) -> Set[str]:
-    """The package's modules that ``name`` imports anywhere in its file (as grimp records them: ``from X import
-    Y`` is X.Y when that is a module, else X)."""
+    """The package's modules that ``name`` imports anywhere in its file, function-level imports included, those
+    under ``if TYPE_CHECKING:`` not (as grimp records them: ``from X import Y`` is X.Y when that is a module,
+    else X)."""
     package = name if path.name == '__init__.py' else name.rpartition('.')[0]
     found: Set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    annotations_only = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in annotations_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -205,8 +220,11 @@ def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
     (package / '__init__.py').write_text('')
     (package / 'policy' / '__init__.py').write_text('')
     (package / 'policy' / 'a.py').write_text('from . import b\n')
-    (package / 'policy' / 'b.py').write_text('def f():\n    from .a import x\n    from ..params import SPECS\n')
+    (package / 'policy' / 'b.py').write_text('from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n'
+                                             '    from ..settings import configure\n'
+                                             'def f():\n    from .a import x\n    from ..params import SPECS\n')
     (package / 'params.py').write_text('')
+    (package / 'settings.py').write_text('')
     graph = import_graph(package)
     assert cycles(graph) == [['vla_policy_node.policy.a', 'vla_policy_node.policy.b']]
     assert layer_violations(graph) == ['vla_policy_node.policy.b (model blocks) imports vla_policy_node.params '
