@@ -72,3 +72,15 @@ def test_the_docs_generator_rewrites_both_tables_in_place(tmp_path):
     (tmp_path / 'readme.md').write_text('# no tables here\n')
     with pytest.raises(SystemExit, match='the generated tables live in docs/parameters.md'):
         main(['--docs', str(tmp_path / 'readme.md')])
+
+
+def test_policy_runtime_keeps_to_its_one_job():
+    """PolicyRuntime is observation in, chunk out, cache and timing; warm-up, self-description, the denoise
+    inputs and the content checks have modules of their own, and the family's options stay on the family."""
+    tree = ast.parse((ROOT / 'vla_policy_node' / 'runtime' / 'policy_runtime.py').read_text())
+    runtime = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == 'PolicyRuntime')
+    lines = runtime.end_lineno - runtime.lineno + 1
+    assert lines <= 250, f'PolicyRuntime is {lines} lines; give the new work its own module under runtime/'
+    copied = [node.lineno for node in ast.walk(runtime)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'setattr']
+    assert not copied, f'setattr at line(s) {copied}: read the family options from runtime.policy.options'
