@@ -32,6 +32,7 @@ from ..safety import PlanKind, Review
 from ..settings import Configured, configure
 from ..tick import TickEngine, TickOutcome
 from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
+from .bag_time import Due, on_bag_time, replayed_topics
 from .report import ReplayResult, TickRecord, write_report
 from .rosbags_msgs import output_message
 
@@ -116,9 +117,7 @@ class OfflineReplay:
         state_topic = self.layout.joint_states.topic
         if command_topic and command_topic not in topics:
             raise BagError(f'command topic {command_topic} is not in the bag')
-        wanted = set(self.inputs) & set(topics)
-        if command_topic:
-            wanted.add(command_topic)
+        wanted = replayed_topics(self.layout, topics, command_topic)
         output.mkdir(parents=True, exist_ok=True)
         records: List[TickRecord] = []
         recorded_t, recorded_p, command_t, command_p = [], [], [], []
@@ -126,15 +125,14 @@ class OfflineReplay:
         with BagWriter(output / 'trajectories', storage=storage_of(bag)) as writer:
             for entry in self.outputs:
                 writer.add_topic(entry.topic, entry.msg_type)
-            next_tick: Optional[int] = None
-            for message in _progress(messages, progress, bag):
-                if next_tick is None:
-                    next_tick = message.timestamp_ns + self.period_ns
+            active = False
+            for message in on_bag_time(_progress(messages, progress, bag), self.period_ns):
+                if isinstance(message, Due):       # ticks see the inputs received before them, as on the robot
+                    records.append(self._tick(message.time_ns, writer))
+                    continue
+                if not active:
                     self.engine.activate(message.timestamp_ns)       # as the node activates before its ticks
-                # Ticks due before this message see the inputs received so far, as on the robot.
-                while next_tick <= message.timestamp_ns:
-                    records.append(self._tick(next_tick, writer))
-                    next_tick += self.period_ns
+                    active = True
                 msg = message.msg
                 entry = self.inputs.get(message.topic)
                 if entry is not None:
