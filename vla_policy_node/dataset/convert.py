@@ -95,6 +95,9 @@ def check_bags(bags: Sequence[Path], conversion: Conversion, action_topic: str) 
             raise BagError(f'{bag}: the action topic {action_topic} is not in the bag (--action-topic); it has '
                            f'{sorted(topics)}')
         CommandTrack(action_topic, topics[action_topic], conversion.inputs.joint_names)   # its type, or DatasetError
+        for topic in list(needed) + [action_topic]:
+            if message_count(bag, [topic]) == 0:
+                raise BagError(f'{bag}: the topic {topic} has no messages')
         action_types.add(topics[action_topic])
         found.append(topics)
     if len(action_types) > 1:
