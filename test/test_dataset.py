@@ -298,9 +298,12 @@ def test_a_trajectory_command_gives_the_point_due_at_each_tick(plain_bag, spec, 
 
     def trajectory(t_ns):
         # points every 0.1 s from 0.05 s, positions that say when each point is due
-        # point i of the trajectory sent at t_ns says when it is due (s after the bag start) plus 10 x the joint number
+        # point i of the trajectory sent at t_ns says when it is due (s after the bag start), plus 10 x the joint
+        # number, plus 100 x which trajectory it is
+        sent_index = (t_ns - start) // (NS // 2)
         points = [types['trajectory_msgs/msg/JointTrajectoryPoint'](
-            positions=(t_ns - start) / NS + 0.05 + 0.1 * i + 10.0 * np.arange(6, 0, -1), velocities=np.zeros(0),
+            positions=(t_ns - start) / NS + 0.05 + 0.1 * i + 10.0 * np.arange(6, 0, -1) + 100.0 * sent_index,
+            velocities=np.zeros(0),
             accelerations=np.zeros(0), effort=np.zeros(0),
             time_from_start=types['builtin_interfaces/msg/Duration'](sec=0, nanosec=int((0.05 + 0.1 * i) * NS)))
             for i in range(10)]
@@ -322,7 +325,8 @@ def test_a_trajectory_command_gives_the_point_due_at_each_tick(plain_bag, spec, 
         received = max(s for s in sent if s <= t)
         dues = [received + int((0.05 + 0.1 * k) * NS) for k in range(10)]
         due = next((d for d in dues if d >= t), dues[-1])
-        np.testing.assert_allclose(rows['action'][i], (due - start) / NS + 10.0 * np.arange(1, 7), atol=1e-5)
+        np.testing.assert_allclose(rows['action'][i], (due - start) / NS + 10.0 * np.arange(1, 7) +
+                                   100.0 * sent.index(received), atol=1e-4)
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------------
