@@ -221,6 +221,7 @@ def test_info_json_describes_the_features_lerobot_loads(dataset):
         assert video['info']['video.codec'] in ('av1', 'h264') and video['info']['video.pix_fmt'] == 'yuv420p'
         assert video['info']['video.fps'] == 10 and video['info']['video.g'] == 2 and video['info']['video.crf'] == 30
     assert features['observation.state'] == {'dtype': 'float32', 'shape': [6], 'names': JOINTS}
+    assert features['camera_age_sec'] == {'dtype': 'float64', 'shape': [3], 'names': list(CAMERAS)}
     assert features['action']['names'] == JOINTS and '/joint_command' in features['action']['info']['source']
     assert list(features)[-5:] == ['timestamp', 'frame_index', 'episode_index', 'index', 'task_index']
     assert meta['total_episodes'] == len(dr.episodes_table(dataset))
@@ -408,20 +409,22 @@ def test_the_console_script_converts_and_reports_its_gaps(edited_bag, params, tm
 
 # ---- held-out evaluation -------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope='module')
-def replays(plain_bag, params, tmp_path_factory):
-    """The bag replay and the replay of the dataset converted from it, same params and seed."""
+@pytest.fixture(scope='module', params=['zero', 'observation'])
+def replays(request, plain_bag, tmp_path_factory):
+    """The bag replay and the replay of the dataset converted from it, same params and seed; with stamp_mode
+    observation the chunks count from the camera stamps, which the dataset carries as camera_age_sec."""
     base = tmp_path_factory.mktemp('replays')
+    params = write_params(base / 'robot.yaml', stamp_mode=request.param)
     out = base / 'dataset'
     convert(out, [plain_bag], params)
     from vla_policy_node.replay.dataset_replay import replay_dataset
     from_bag = replay(plain_bag, params, base / 'bag', seed=0)
     from_dataset = replay_dataset(out, None, params, base / 'from_dataset', seed=0)
-    return from_bag, from_dataset, out
+    return from_bag, from_dataset, out, params
 
 
 def test_the_dataset_replay_gives_the_bag_replay_rmse_within_the_codec_error(replays):
-    from_bag, from_dataset, _ = replays
+    from_bag, from_dataset, _, _ = replays
     bag_errors, dataset_errors = from_bag.summary['command_error'], from_dataset.summary['command_error']
     assert from_dataset.summary['command_topic'] == 'action' and from_dataset.summary['dataset']['episodes'] == [0]
     assert from_dataset.summary['ticks'] == from_dataset.summary['published']
@@ -431,10 +434,10 @@ def test_the_dataset_replay_gives_the_bag_replay_rmse_within_the_codec_error(rep
         assert dataset_errors[joint]['rmse'] == pytest.approx(bag_errors[joint]['rmse'], rel=0.1, abs=0.005)
 
 
-def test_with_the_bag_frames_the_dataset_replay_is_the_bag_replay_exactly(replays, plain_bag, params, tmp_path,
-                                                                          monkeypatch):
-    """The codec is the only difference: fed the frames the node decoded from the bag, every chunk is the same."""
-    from_bag, _, out = replays
+def test_with_the_bag_frames_the_dataset_replay_is_the_bag_replay_exactly(replays, plain_bag, tmp_path, monkeypatch):
+    """The codec is the only difference: fed the frames the node decoded from the bag, every chunk is the same,
+    timed the same."""
+    from_bag, _, out, params = replays
     from vla_policy_node.dataset.reader import DatasetEpisode
     from vla_policy_node.replay.dataset_replay import replay_dataset
     streams = bag_streams(plain_bag)
@@ -452,13 +455,17 @@ def test_with_the_bag_frames_the_dataset_replay_is_the_bag_replay_exactly(replay
     assert len(plans) == len(expected)
     for got, want in zip(plans, expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    offset = exact.records[0].time_ns - from_bag.records[0].time_ns           # the replay's own timeline
+    assert [r.plan_start_ns - offset for r in exact.records if r.plan_positions is not None] == \
+        [r.plan_start_ns for r in from_bag.records if r.plan_positions is not None]
     for joint in JOINTS:
+        assert exact.summary['command_error'][joint]['points'] == from_bag.summary['command_error'][joint]['points']
         assert exact.summary['command_error'][joint]['rmse'] == pytest.approx(
             from_bag.summary['command_error'][joint]['rmse'], abs=1e-6)
 
 
-def test_the_replay_cli_takes_episodes_and_refuses_unknown_ones(replays, params, tmp_path):
-    _, _, out = replays
+def test_the_replay_cli_takes_episodes_and_refuses_unknown_ones(replays, tmp_path):
+    _, _, out, params = replays
     script = str(Path(sys.executable).parent / 'vla_policy_replay')
     done = subprocess.run([script, '--dataset', str(out), '--episodes', '0', '--params', str(params), '--output',
                            str(tmp_path / 'r'), '--no-progress'], capture_output=True, text=True, timeout=300)

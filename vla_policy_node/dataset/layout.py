@@ -39,8 +39,10 @@ ACTION = 'action'
 IMAGES_PREFIX = 'observation.images.'
 # Per camera, how old its frame was at the tick (tick time - header stamp), which the node's stamp_mode
 # observation times chunks from; vla_policy_replay --dataset feeds it back. Not an "observation." key, so
-# lerobot's dataset_to_policy_features gives it to no policy.
+# lerobot's dataset_to_policy_features gives it to no policy. float64: the stamps come back to the nanosecond
+# (float32 seconds would move them by a few ns, enough to move a due time across an episode's end).
 CAMERA_AGE = 'camera_age_sec'
+CAMERA_AGE_DTYPE = 'float64'
 DEFAULT_FEATURES: Dict[str, Dict[str, Any]] = {
     'timestamp': {'dtype': 'float32', 'shape': [1], 'names': None},
     'frame_index': {'dtype': 'int64', 'shape': [1], 'names': None},
@@ -61,8 +63,8 @@ def next_file(chunk_index: int, file_index: int, chunks_size: int = CHUNKS_SIZE)
     return chunk_index, file_index + 1
 
 
-def vector_feature(names: Sequence[str], **extra: Any) -> Dict[str, Any]:
-    return dict({'dtype': 'float32', 'shape': [len(names)], 'names': list(names)}, **extra)
+def vector_feature(names: Sequence[str], dtype: str = 'float32', **extra: Any) -> Dict[str, Any]:
+    return dict({'dtype': dtype, 'shape': [len(names)], 'names': list(names)}, **extra)
 
 
 def video_feature(height: int, width: int, info: Mapping[str, Any]) -> Dict[str, Any]:
@@ -82,7 +84,7 @@ def features(cameras: Mapping[str, Tuple[int, int]], video_infos: Mapping[str, M
         result[camera_key(name)] = video_feature(height, width, video_infos[name])
     result[STATE] = vector_feature(state_names)
     result[ACTION] = vector_feature(action_names, info={'source': action_source})
-    result[CAMERA_AGE] = vector_feature(list(cameras))
+    result[CAMERA_AGE] = vector_feature(list(cameras), CAMERA_AGE_DTYPE)
     result.update({key: dict(value) for key, value in DEFAULT_FEATURES.items()})
     return result
 

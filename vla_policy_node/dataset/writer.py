@@ -169,7 +169,7 @@ class LeRobotWriter:
             self._append_frame(name, images[name], episode)
         episode.states.append(np.asarray(state, dtype=np.float32))
         episode.actions.append(np.asarray(action, dtype=np.float32))
-        episode.ages.append(np.asarray(camera_ages, dtype=np.float32))
+        episode.ages.append(np.asarray(camera_ages, dtype=lr.CAMERA_AGE_DTYPE))
         episode.tasks.append(self.tasks.setdefault(task, len(self.tasks)))
 
     def _append_frame(self, name: str, rgb: np.ndarray, episode: _Episode) -> None:
@@ -261,8 +261,8 @@ class LeRobotWriter:
         import pyarrow.parquet as pq
         arrays, names = [], []
         for key, values in columns.items():
-            if values.ndim == 2:
-                flat = pa.array(values.astype(np.float32).reshape(-1), type=pa.float32())
+            if values.ndim == 2:                        # float32 vectors (float64 camera ages)
+                flat = pa.array(values.reshape(-1), type=pa.from_numpy_dtype(values.dtype))
                 arrays.append(pa.FixedSizeListArray.from_arrays(flat, values.shape[1]))
             else:
                 arrays.append(pa.array(values.astype(np.float32) if key == 'timestamp' else values))
