@@ -269,6 +269,28 @@ def order_statistic(values, q):
     return ordered[max(0, int(np.ceil(q * len(values))) - 1)]
 
 
+def test_relative_action_stats_are_over_in_episode_windows_minus_the_state(dataset, edited_bag, params, tmp_path):
+    out = tmp_path / 'relative'
+    convert(out, [edited_bag], params, action_stats='relative', chunk_size=5)
+    rows = dr.frames_table(out)
+    windows = []
+    for episode in sorted(set(rows['episode_index'])):
+        actions = rows['action'][rows['episode_index'] == episode].astype(np.float64)
+        states = rows['observation.state'][rows['episode_index'] == episode].astype(np.float64)
+        windows += [actions[k:k + 5] - states[k] for k in range(len(actions) - 4)]     # no joint is a gripper
+    windows = np.concatenate(windows)
+    written = dr.stats(out)['action']
+    assert written['count'] == [len(windows)]
+    np.testing.assert_allclose(written['mean'], windows.mean(axis=0), atol=1e-6)
+    np.testing.assert_allclose(written['std'], windows.std(axis=0), atol=1e-6)
+    np.testing.assert_allclose(written['min'], windows.min(axis=0), atol=1e-6)
+    np.testing.assert_allclose(written['max'], windows.max(axis=0), atol=1e-6)
+    assert dr.conversion(out)['relative_action_stats'] == {'chunk_size': 5, 'exclude_joints': ['gripper']}
+    # the data keep the absolute command (lerobot's pre-processor makes it relative while training)
+    np.testing.assert_array_equal(rows['action'], dr.frames_table(dataset)['action'])
+    assert dr.stats(dataset)['action']['mean'] != written['mean']
+
+
 def test_episodes_split_per_instruction(edited_bag, params, tmp_path):
     out = tmp_path / 'per_instruction'
     convert(out, [edited_bag], params, episode_split='instruction')
