@@ -352,6 +352,25 @@ def test_a_trajectory_command_gives_the_point_due_at_each_tick(plain_bag, spec, 
                                    100.0 * sent.index(received), atol=1e-4)
 
 
+def test_without_libsvtav1_the_videos_are_h264_and_say_so(plain_bag, params, tmp_path, monkeypatch):
+    import av
+    monkeypatch.setattr(av, 'codecs_available', frozenset(av.codecs_available) - {'libsvtav1', 'libaom-av1'})
+    out = tmp_path / 'h264'
+    said = []
+    convert(out, [plain_bag], params, log=said.append)
+    assert dr.info(out)['features']['observation.images.base_0_rgb']['info']['video.codec'] == 'h264'
+    assert dr.conversion(out)['video'] == {'codec': 'h264', 'options': {'g': '2', 'crf': '30'}, 'pix_fmt': 'yuv420p',
+                                           'fallback': True}
+    assert any('libsvtav1' in line for line in said)
+    streams = bag_streams(plain_bag)
+    ticks = [t for t, ok in expected_ticks(plain_bag, streams) if ok]
+    decoded = dr.video_frames(out, 'observation.images.base_0_rgb')
+    assert len(decoded) == len(ticks)
+    for (_, frame), t in zip(decoded, ticks):
+        source = dr.rgb_of(dr.newest_before(streams['/cameras/base_0_rgb/image_raw'], t)[1])
+        assert np.abs(frame.astype(int) - source.astype(int)).mean() < 4.0
+
+
 # ---- refusals ---------------------------------------------------------------------------------------------------
 
 def _nothing_written(out):
