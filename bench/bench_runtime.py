@@ -49,6 +49,7 @@ from vla_policy_node.policy.smolvla_config import smolvla_preset  # noqa: E402
 from vla_policy_node.policy.tiny_default import statistics as norm_statistics  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.runtime import STAGES, PolicyRuntime, resolve_device, resolve_dtype  # noqa: E402
+from vla_policy_node.runtime.denoise_inputs import noise_tensor  # noqa: E402
 from vla_policy_node.trajectory import build_plan  # noqa: E402
 from flops import stage_flops  # noqa: E402  (bench/ is on sys.path when run as a script)
 
@@ -158,7 +159,8 @@ def hit_overhead_ms(runtime: PolicyRuntime, repeats: int = 200) -> Dict[str, flo
         'validate+tokenize': _median_ms(lambda: runtime._prepare(observation), repeats),
         'key': _median_ms(lambda: runtime._keys.key(slots, tokens, token_mask), repeats),
         'lookup': _median_ms(lambda: runtime.cache.get(key), repeats),
-        'noise': _median_ms(lambda: runtime._noise(None, 0), repeats),
+        'noise': _median_ms(lambda: noise_tensor(None, 0, (1, config.chunk_size, config.max_action_dim),
+                                                 runtime.device), repeats),
         'unnormalize': _median_ms(lambda: runtime.action_normalizer.unnormalize(actions), repeats),
         'trajectory': _median_ms(lambda: build_plan(actions, joints, 0.02, 0, 0), repeats),
     }

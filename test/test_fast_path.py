@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from runtime_fixtures import make_observation, tiny_checkpoint, tiny_checkpoints  # noqa: F401
-from vla_policy_node import runtime as runtime_module
 from vla_policy_node.fast_path import (CapturedGraph, EntryToken, FastPathError, GraphCache, PrefixGraphs,
                                        StaticDenoiser, check_buckets, fit_to_bucket, prompt_bucket,
                                        resolve_cuda_graphs, tree_copy_, tree_nbytes)
@@ -17,7 +16,7 @@ from vla_policy_node.policy.config import preset
 from vla_policy_node.policy.pi0 import PiZeroModel
 from vla_policy_node.policy.rtc import RTCSettings
 from vla_policy_node.policy.tiny_default import write_tiny_default
-from vla_policy_node.runtime import PolicyRuntime
+from vla_policy_node.runtime import PolicyRuntime, stage_timer
 
 PROMPT = 12
 
@@ -353,8 +352,8 @@ def test_the_cuda_timer_sums_event_intervals_per_stage(monkeypatch):
         def elapsed_time(self, end):
             return end.at - self.at
 
-    monkeypatch.setattr(runtime_module.torch.cuda, 'Event', FakeEvent)
-    timer = runtime_module._StageTimer(torch.device('cuda'))
+    monkeypatch.setattr(stage_timer.torch.cuda, 'Event', FakeEvent)
+    timer = stage_timer.StageTimer(torch.device('cuda'))
     timer.start('hash')
     timer.start('denoise')       # stops 'hash'
     timer.stop()

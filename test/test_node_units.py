@@ -261,7 +261,7 @@ def test_the_padded_pi05_prompt_option_reaches_the_runtime_and_is_refused_for_pi
     node = make_node({'checkpoint_path': str(pi05), 'joint_names': list(JOINTS), 'warmup': False,
                       'pi05_padded_state_prompt': True})
     assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
-    assert node.runtime.pi05_padded_state_prompt
+    assert node.runtime.policy.options['pi05_padded_state_prompt']
     node = make_node({'checkpoint_path': str(checkpoint), 'joint_names': list(JOINTS), 'warmup': False,
                       'pi05_padded_state_prompt': True})
     assert node.trigger_configure() == TransitionCallbackReturn.FAILURE

@@ -1,7 +1,7 @@
 """InputBuffer: timing and topic checks, with plain-Python message stand-ins (no ROS).
 
-Content checks (frames, finite state, instruction text) are the runtime's: test_runtime.py
-and test_tick_engine.py cover them.
+Content checks (frames, finite state, instruction text) are observation_checks.py's, which every
+backend runs: test_runtime.py and test_tick_engine.py cover them through the runtime.
 """
 from dataclasses import replace
 from types import SimpleNamespace

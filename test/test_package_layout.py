@@ -56,3 +56,15 @@ def test_readme_tables_are_generated_from_the_declared_parameters():
     readme = (ROOT / 'README.md').read_text()
     assert markdown_table() in readme, 'README parameter table is stale: python -m vla_policy_node.params'
     assert topics_table() in readme, 'README topics table is stale: python -m vla_policy_node.params --topics'
+
+
+def test_policy_runtime_keeps_to_its_one_job():
+    """PolicyRuntime is observation in, chunk out, cache and timing; warm-up, self-description, the denoise
+    inputs and the content checks have modules of their own, and the family's options stay on the family."""
+    tree = ast.parse((ROOT / 'vla_policy_node' / 'runtime' / 'policy_runtime.py').read_text())
+    runtime = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == 'PolicyRuntime')
+    lines = runtime.end_lineno - runtime.lineno + 1
+    assert lines <= 250, f'PolicyRuntime is {lines} lines; give the new work its own module under runtime/'
+    copied = [node.lineno for node in ast.walk(runtime)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'setattr']
+    assert not copied, f'setattr at line(s) {copied}: read the family options from runtime.policy.options'

@@ -5,8 +5,9 @@
 Two owners, one rule each:
 - ``InputBuffer`` (here) owns timing and topics: an input missing, stale,
   from the future, cameras skewed, joint names that do not map.
-- ``PolicyRuntime`` owns content: frame geometry and encoding, a finite state
-  of the right size, a non-empty instruction within its length. It raises
+- ``observation_checks.py`` owns content: frame geometry and encoding, a finite
+  state of the right size, a non-empty instruction within its length; every
+  backend runs it (the runtime before its cache lookup). It raises
   ``ObservationError`` carrying the ``SkipReason``; the tick turns either into
   a ``SkipTick`` naming the topic through ``InputLayout.topic_of``.
 

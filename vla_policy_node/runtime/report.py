@@ -1,0 +1,45 @@
+"""How a local runtime describes itself: /diagnostics and the replay summary (``describe``), the configure
+log line (``summary``), the fast path's figures and the analytic size of one cached prefix."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict
+
+import torch
+
+if TYPE_CHECKING:
+    from .policy_runtime import PolicyRuntime
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace('torch.', '')
+
+
+def prefix_bytes(config: Any, dtype: torch.dtype) -> int:
+    """Analytic device bytes of one cached prefix (K/V only, the family's extra K/V included)."""
+    element = torch.tensor([], dtype=dtype).element_size()
+    return config.kv_entry_bytes(element)
+
+
+def fast_path_summary(runtime: 'PolicyRuntime') -> Dict[str, object]:
+    """The fast path's figures (cuda_graphs mode, prompt buckets, graphs, workspace copies)."""
+    summary: Dict[str, object] = {'cuda_graphs_mode': runtime.cuda_graphs,
+                                  'prompt_buckets': list(runtime.prompt_buckets)}
+    for runner in (runtime._fast, runtime._prefix_graphs):
+        if runner is not None:
+            summary.update(runner.describe())
+    return summary
+
+
+def describe(runtime: 'PolicyRuntime') -> Dict[str, Any]:
+    """The family's own description (policy type, cameras, prefix length, cache entry bytes ...) plus where
+    and how it runs."""
+    return dict(runtime.policy.describe(), backend='local', checkpoint_path=runtime.checkpoint_path,
+                device=str(runtime.device), dtype=dtype_name(runtime.dtype), model_revision=runtime.model_revision,
+                prefix_entry_bytes=prefix_bytes(runtime.config, runtime.dtype), **fast_path_summary(runtime))
+
+
+def summary(runtime: 'PolicyRuntime') -> str:
+    """The backend's part of the configure log line."""
+    return (f'loaded {runtime.config.policy_type} from {runtime.checkpoint_path or "a checkpoint"} on '
+            f'{runtime.device} ({runtime.dtype}); one cached prefix = '
+            f'{prefix_bytes(runtime.config, runtime.dtype) / 2**20:.2f} MiB')
