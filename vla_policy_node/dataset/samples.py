@@ -4,10 +4,11 @@
         --> Sample(images, state, task, action)  or  Gap(reason, topic, what)
 
 Every rule is the node's own, from the same code: the input layout and topics (settings.input_layout from the
-params), the InputBuffer with its age, skew and joint-name rules (observation.py), the frame checks and
-decoding (images.py through remote/frames.rgb_frame, grey frames as RGB as the runtime expands them), the state
-and instruction checks (runtime.checked_state / checked_instruction), the tick grid (replay/bag_time.py, shared
-with vla_policy_replay). A tick the node would skip is a ``Gap`` with the node's skip reason, never a sample.
+params), the InputBuffer with its age, skew and joint-name rules (observation.py), the frame, state and
+instruction checks (observation_checks.py, in the runtime's order), the decoding (images.py through
+remote/frames.rgb_frame, grey frames as RGB as the runtime expands them), the tick grid (replay/bag_time.py,
+shared with vla_policy_replay). A tick the node would skip is a ``Gap`` with the node's skip reason, never a
+sample.
 
 The action is the command recorded at the tick: the newest message on the command topic received at or before
 the tick (a message stamped at the tick counts: it is the command of that instant, although the observation at
@@ -32,7 +33,7 @@ from ..observation import (NS_PER_SEC, MAX_INSTRUCTION_CHARS, InputBuffer, Input
 from ..remote.frames import rgb_frame
 from ..replay.bag_io import BagMessage, read_messages
 from ..replay.bag_time import Due, on_bag_time
-from ..runtime import checked_instruction, checked_state
+from ..observation_checks import camera_slots, checked_instruction, checked_state
 from . import DatasetError
 
 JOINT_STATE_TYPE = 'sensor_msgs/msg/JointState'
@@ -157,10 +158,11 @@ def observe(buffer: InputBuffer, inputs: TickInputs, now_ns: int) -> Union[Sampl
         return Gap(now_ns, skip.reason.value, str(skip), skip.topic)
     observation = assembled.observation
     try:
-        images = {name: np.ascontiguousarray(rgb_frame(name, observation.images[name], inputs.max_image_pixels))
-                  for name in inputs.layout.camera_names}
+        # In the runtime's order: every frame checked without decoding, the state, the instruction, then decoding.
+        slots = camera_slots(observation.images, inputs.layout.camera_names, inputs.max_image_pixels)
         state = checked_state(observation.state, inputs.state_dim)
         task = checked_instruction(observation.instruction, min(inputs.max_instruction_length, MAX_INSTRUCTION_CHARS))
+        images = {name: np.ascontiguousarray(rgb_frame(name, frame, inputs.max_image_pixels)) for name, frame in slots}
     except ObservationError as exc:
         return Gap(now_ns, exc.reason.value, str(exc), inputs.layout.topic_of(exc.field))
     ages = tuple(float(assembled.camera_ages_sec[name]) for name in inputs.layout.camera_names)
