@@ -53,7 +53,7 @@ SECOND_TASK = 'place it in the bin'
 def prepare(folder: Path, quick: bool) -> None:
     """Bags, the two conversions and the node's own assembly of every tick (reference.npz, reference.json)."""
     sys.path.insert(0, str(ROOT))
-    from vla_policy_node.dataset.convert import convert, plan
+    from vla_policy_node.dataset.convert import conversion_settings, convert
     from vla_policy_node.dataset.samples import CommandTrack, Gap, bag_ticks
     from vla_policy_node.replay.bag_io import BagWriter, bag_topics, get_kilted_typestore, read_messages
     from vla_policy_node.replay.bag_time import replayed_topics
@@ -97,7 +97,7 @@ def prepare(folder: Path, quick: bool) -> None:
             convert(folder / 'dataset_h264', bags, params)
         finally:
             video.choose_encoder = default
-    conversion = plan(params)
+    conversion = conversion_settings(params)
     inputs = conversion.inputs
     frames = {camera: [] for camera in inputs.layout.camera_names}
     states, actions, tasks, times, episodes = [], [], [], [], []

@@ -51,7 +51,8 @@ class Conversion:
         return int(round(1e9 / self.fps))
 
 
-def plan(params: Optional[Path], checkpoint: Optional[str] = None, fps: Optional[float] = None) -> Conversion:
+def conversion_settings(params: Optional[Path], checkpoint: Optional[str] = None,
+                        fps: Optional[float] = None) -> Conversion:
     """The node's configure path without loading weights: values validated, the checkpoint's config (its
     folder's config.json), validated against it, the input layout and tick settings (settings.py)."""
     from ..policy.families import folder_config
@@ -61,7 +62,12 @@ def plan(params: Optional[Path], checkpoint: Optional[str] = None, fps: Optional
         raw['checkpoint_path'] = checkpoint
     values = resolve_values(raw)
     validate(values)
-    config = folder_config(checkpoint_folder(values['checkpoint_path']))
+    folder = checkpoint_folder(values['checkpoint_path'])
+    if values['backend'] != 'local' and not folder.is_dir():
+        raise DatasetError(f"the cameras and the state size come from the checkpoint's config.json; with backend "
+                           f"{values['backend']} checkpoint_path {values['checkpoint_path']!r} is no folder here: pass "
+                           '--checkpoint DIR')
+    config = folder_config(folder)
     validate(values, config)
     layout = input_layout(values, config)
     settings = tick_settings(values, layout)
@@ -117,7 +123,7 @@ def convert(out: Path, bags: Sequence[Path], params: Optional[Path], checkpoint:
     if episode_split not in EPISODE_SPLITS:
         raise DatasetError(f'--episode-split must be one of {list(EPISODE_SPLITS)}, got {episode_split!r}')
     bags = [Path(bag) for bag in bags]
-    conversion = plan(params, checkpoint, fps)
+    conversion = conversion_settings(params, checkpoint, fps)
     topics = check_bags(bags, conversion, action_topic)
     relative = _relative(action_stats, conversion.config, chunk_size)
     encoder = choose_encoder()
