@@ -4,6 +4,8 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,12 +52,26 @@ def test_config_yaml_documents_every_parameter():
         'config/vla_policy.yaml is stale: python -m vla_policy_node.params --yaml > config/vla_policy.yaml'
 
 
-def test_readme_tables_are_generated_from_the_declared_parameters():
-    from vla_policy_node.params import markdown_table, topics_table
+def test_parameters_page_tables_are_generated_from_the_declared_parameters():
+    from vla_policy_node.params import DOCS_PAGE, markdown_table, topics_table
 
-    readme = (ROOT / 'README.md').read_text()
-    assert markdown_table() in readme, 'README parameter table is stale: python -m vla_policy_node.params'
-    assert topics_table() in readme, 'README topics table is stale: python -m vla_policy_node.params --topics'
+    page = (ROOT / DOCS_PAGE).read_text()
+    stale = f'{DOCS_PAGE} is stale: python -m vla_policy_node.params --docs {DOCS_PAGE}'
+    assert markdown_table() in page, f'the parameter table of {stale}'
+    assert topics_table() in page, f'the topics table of {stale}'
+
+
+def test_the_docs_generator_rewrites_both_tables_in_place(tmp_path):
+    from vla_policy_node.params import main, markdown_table, topics_table
+
+    page = tmp_path / 'page.md'
+    old_parameters = '| parameter | type | default | live | range / choices | description |\n|---|\n| `x` |'
+    page.write_text(f'# t\n\n{old_parameters}\n\ntext\n\n| | topic | type | QoS |\n| old |\n\nend\n')
+    assert main(['--docs', str(page)]) == 0
+    assert page.read_text() == f'# t\n\n{markdown_table()}\n\ntext\n\n{topics_table()}\n\nend\n'
+    (tmp_path / 'readme.md').write_text('# no tables here\n')
+    with pytest.raises(SystemExit, match='the generated tables live in docs/parameters.md'):
+        main(['--docs', str(tmp_path / 'readme.md')])
 
 
 def test_policy_runtime_keeps_to_its_one_job():

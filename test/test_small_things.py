@@ -33,11 +33,12 @@ def test_demo_progress_line_takes_ticks_and_published_from_one_diagnostics_messa
     assert 'no /diagnostics yet' in progress_text(0.1, 6.0, {}, None, 0)
 
 
-def test_readme_outputs_examples_are_valid_params_files(tmp_path):
+def test_outputs_page_examples_are_valid_params_files(tmp_path):
     import re
 
     from vla_policy_node.params import load_params_file, problems, resolve_values
-    blocks = [b for b in re.findall(r'```yaml\n(.*?)```', (ROOT / 'README.md').read_text(), re.S) if 'outputs:' in b]
+    page = (ROOT / 'docs' / 'outputs.md').read_text()
+    blocks = [b for b in re.findall(r'```yaml\n(.*?)```', page, re.S) if 'outputs:' in b]
     assert len(blocks) >= 2, 'the UR + gripper and the bimanual examples'
     for k, block in enumerate(blocks):
         path = tmp_path / f'example{k}.yaml'

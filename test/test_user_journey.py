@@ -111,7 +111,8 @@ def test_build_launch_inspect_and_stop(tmp_path):
     assert steps.run('ros2', 'pkg', 'prefix', 'vla_policy_node').strip() == str(install / 'vla_policy_node')
     steps.run('vla_policy_make_bag', '--duration', '30', str(tmp_path / 'bag'))
 
-    # The README command as written, from the shipped parameters (the embedded checkpoint), here in a namespace:
+    # The command of README.md and docs/install.md as written, from the shipped parameters (the embedded
+    # checkpoint), here in a namespace:
     # every default topic follows it and /diagnostics names the node in full.
     readme = start(['vla_policy_node', '--ros-args', '--params-file', str(REPO / 'config' / 'vla_policy.yaml'),
                     '-r', '__ns:=/arm'], other, tmp_path, tmp_path / 'readme_node.log')

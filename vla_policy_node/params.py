@@ -6,8 +6,8 @@ so a value means and is checked the same on the robot and in a replay.
 Checks are data on each spec (ranges, choices, ``unique``, ``same_length_as``,
 ``at_most``, and rules against the loaded checkpoint), the way
 generate_parameter_library declares ``validation:`` per parameter.
-config/vla_policy.yaml and the README tables are generated from it
-(``python -m vla_policy_node.params [--yaml | --topics]``), so none can drift.
+config/vla_policy.yaml and the tables of docs/parameters.md are generated from it
+(``python -m vla_policy_node.params [--yaml | --topics | --docs docs/parameters.md]``), so none can drift.
 """
 from __future__ import annotations
 
@@ -243,7 +243,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               min_value=-1, max_value=2 ** 31 - 1),
     ParamSpec('diagnostics_period_sec', 1.0, 'double', 'Period of /diagnostics messages.',
               min_value=0.1, max_value=60.0),
-    # --- remote inference (need a restart; README "Remote inference") ---
+    # --- remote inference (need a restart; docs/remote.md) ---
     ParamSpec('backend', 'local', 'string',
               'local: load checkpoint_path and run it here; remote: ask a server on the openpi WebSocket wire '
               '(openpi serve_policy.py, sglang, vLLM-Omni, vla_policy_serve) for each chunk; checkpoint_path is '
@@ -295,7 +295,7 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
 SPECS: Dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
 
 # Starting values for the first runs on a real arm, commented into config/vla_policy.yaml beside the
-# defaults (README "First run on a real arm": dry_run, then limits + deadman with a slow ramp, then live).
+# defaults (docs/safety.md "First run on a real arm": dry_run, then limits + deadman with a slow ramp, then live).
 FIRST_RUN: Dict[str, str] = {
     'dry_run': 'true for the first run: everything is computed, checked and logged, nothing is sent',
     'on_fault': 'hold',
@@ -563,7 +563,7 @@ def _format_default(spec: ParamSpec) -> str:
 
 
 def markdown_table() -> str:
-    """README table of every parameter, generated from PARAMETERS."""
+    """The markdown table of every parameter (docs/parameters.md), generated from PARAMETERS."""
     lines = ['| parameter | type | default | live | range / choices | description |',
              '|---|---|---|---|---|---|']
     for spec in PARAMETERS + output_specs([OUTPUT_PLACEHOLDER]):
@@ -614,8 +614,9 @@ def yaml_document(section: str = f'/**/{NODE_NAME}') -> List[str]:
              '# It runs as is (`vla_policy_node --ros-args --params-file config/vla_policy.yaml`) with the',
              f'# embedded {BUILTIN_DEMO} checkpoint (a tiny pi0 trained on the sample bag only); for a robot set',
              '# checkpoint_path and joint_names.',
-             '# "FIRST RUN ON A REAL ARM" comments give safe starting values for the safety parameters (README',
-             '# "First run on a real arm"); the values set here are the defaults, which limit nothing.',
+             '# "FIRST RUN ON A REAL ARM" comments give safe starting values for the safety parameters',
+             '# (docs/safety.md "First run on a real arm"); the values set here are the defaults, which limit',
+             '# nothing.',
              f'# "{section}" matches the node in any namespace.',
              f'{section}:', '  ros__parameters:']
     for spec in PARAMETERS:
@@ -633,7 +634,7 @@ def yaml_document(section: str = f'/**/{NODE_NAME}') -> List[str]:
 
 
 def _outputs_example() -> List[str]:
-    """Commented sub-parameters under `outputs` (the README has full UR + gripper and bimanual examples)."""
+    """Commented sub-parameters under `outputs` (docs/outputs.md has complete examples)."""
     lines = ['    # Per output name, e.g. outputs: [arm, gripper] (ros2_control style, nested or `arm.joints: [...]`):']
     for field in OUTPUT_FIELDS:
         value = _yaml_value(field.default) if field.default is not None else '[]'
@@ -652,12 +653,19 @@ def _yaml_value(value: Any) -> str:
     return str(value)
 
 
-def update_readme(path: Path) -> None:
-    """Rewrite the parameter and topics tables of a README in place (each table ends at its first blank line)."""
+DOCS_PAGE = Path('docs') / 'parameters.md'
+
+
+def update_tables(path: Path) -> None:
+    """Rewrite the parameter and topics tables of a markdown page in place (each table ends at its first blank
+    line); the page must hold both, as docs/parameters.md does."""
     text = Path(path).read_text()
     for table in (markdown_table(), topics_table()):
         header = table.split('\n', 1)[0]
-        start = text.index(header + '\n')
+        start = text.find(header + '\n')
+        if start < 0:
+            raise SystemExit(f'{path} has no table starting with {header!r}: the generated tables live in '
+                             f'{DOCS_PAGE}')
         end = text.find('\n\n', start)
         text = text[:start] + table + (text[end:] if end >= 0 else '\n')
     Path(path).write_text(text)
@@ -669,10 +677,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description='Print the parameter table (markdown) or a documented params file.')
     parser.add_argument('--yaml', action='store_true', help='print a params YAML with every default')
     parser.add_argument('--topics', action='store_true', help='print the topics table (markdown)')
-    parser.add_argument('--readme', type=Path, help='rewrite both tables of this README in place')
+    parser.add_argument('--docs', type=Path, metavar='PAGE',
+                        help=f'rewrite both tables of this markdown page in place ({DOCS_PAGE})')
     args = parser.parse_args(argv)
-    if args.readme:
-        update_readme(args.readme)
+    if args.docs:
+        update_tables(args.docs)
     elif args.yaml:
         print('\n'.join(yaml_document()))
     else:
