@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 $(INSTALLED): setup.py package.xml
 	test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --disable-pip-version-check --upgrade pip; }
 	$(PY) -m pip install --disable-pip-version-check $(TORCH_SPEC)
-	$(PY) -m pip install --disable-pip-version-check -e '.[ros,test]'
+	$(PY) -m pip install --disable-pip-version-check -e '.[ros,test,dataset]'
 	if [ -x $(ROS_TOOLS)/install.sh ]; then $(ROS_TOOLS)/install.sh $(VENV); \
 	else echo "no $(ROS_TOOLS)/install.sh: the ros2 CLI / launch / colcon tests will skip"; fi
 	touch $(INSTALLED)

@@ -57,6 +57,10 @@ setup(
     extras_require={
         'ros': ROS_WHEELS,
         'test': ['pytest>=7', 'pytest-timeout>=2.1', 'transformers>=4.40', 'flake8>=5'],
+        # vla_policy_bag_to_lerobot and vla_policy_replay --dataset (vla_policy_node/dataset). av >= 15 keeps
+        # lerobot's own pin (av>=15,<16 in its dataset extra) satisfiable in one environment; every av wheel
+        # from 15 on carries libsvtav1, lerobot's default video codec.
+        'dataset': ['pyarrow>=14', 'av>=15'],
     },
     zip_safe=True,
     maintainer='vla_policy_node developers',
@@ -74,6 +78,7 @@ setup(
             'vla_policy_gripper_relay = vla_policy_node.ros.gripper_relay:main',
             'vla_policy_check_checkpoint = vla_policy_node.doctor:main',
             'vla_policy_train_demo = vla_policy_node.train_demo:main',
+            'vla_policy_bag_to_lerobot = vla_policy_node.dataset.convert:main',
         ],
     },
 )

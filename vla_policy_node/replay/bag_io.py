@@ -100,6 +100,13 @@ def bag_topics(path: PathLike) -> Dict[str, str]:
         return {conn.topic: conn.msgtype for conn in reader.connections}
 
 
+def message_count(path: PathLike, topics: Iterable[str]) -> int:
+    """How many messages the bag holds on ``topics`` (from its metadata; for progress bars)."""
+    wanted = set(topics)
+    with open_bag_reader(path) as reader:
+        return sum(int(conn.msgcount) for conn in reader.connections if conn.topic in wanted)
+
+
 def _describe_topics(topics: Mapping[str, str]) -> str:
     if not topics:
         return '(no topics)'

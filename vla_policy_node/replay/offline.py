@@ -1,6 +1,7 @@
 """Offline evaluation: a rosbag2 through the node's own tick path, on bag time.
 
     vla_policy_replay BAG --params config/demo.yaml [--checkpoint DIR] --output OUT [--seed N]
+    vla_policy_replay --dataset DIR [--episodes 3,4] --params ... --output OUT    (replay/dataset_replay.py)
 
 Messages are fed to the same InputBuffer the node's callbacks fill; control
 ticks run at ``control_rate_hz`` on bag time through the same TickEngine
@@ -32,6 +33,7 @@ from ..safety import PlanKind, Review
 from ..settings import Configured, configure
 from ..tick import TickEngine, TickOutcome
 from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
+from .bag_time import Due, on_bag_time, replayed_topics
 from .report import ReplayResult, TickRecord, write_report
 from .rosbags_msgs import output_message
 
@@ -116,9 +118,7 @@ class OfflineReplay:
         state_topic = self.layout.joint_states.topic
         if command_topic and command_topic not in topics:
             raise BagError(f'command topic {command_topic} is not in the bag')
-        wanted = set(self.inputs) & set(topics)
-        if command_topic:
-            wanted.add(command_topic)
+        wanted = replayed_topics(self.layout, topics, command_topic)
         output.mkdir(parents=True, exist_ok=True)
         records: List[TickRecord] = []
         recorded_t, recorded_p, command_t, command_p = [], [], [], []
@@ -126,15 +126,14 @@ class OfflineReplay:
         with BagWriter(output / 'trajectories', storage=storage_of(bag)) as writer:
             for entry in self.outputs:
                 writer.add_topic(entry.topic, entry.msg_type)
-            next_tick: Optional[int] = None
-            for message in _progress(messages, progress, bag):
-                if next_tick is None:
-                    next_tick = message.timestamp_ns + self.period_ns
+            active = False
+            for message in on_bag_time(_progress(messages, progress, bag), self.period_ns):
+                if isinstance(message, Due):       # ticks see the inputs received before them, as on the robot
+                    records.append(self._tick(message.time_ns, writer))
+                    continue
+                if not active:
                     self.engine.activate(message.timestamp_ns)       # as the node activates before its ticks
-                # Ticks due before this message see the inputs received so far, as on the robot.
-                while next_tick <= message.timestamp_ns:
-                    records.append(self._tick(next_tick, writer))
-                    next_tick += self.period_ns
+                    active = True
                 msg = message.msg
                 entry = self.inputs.get(message.topic)
                 if entry is not None:
@@ -148,14 +147,23 @@ class OfflineReplay:
                 elif message.topic == command_topic:
                     command_t.append(message.timestamp_ns)
                     command_p.append(_recorded_positions(msg, names, command_topic))
+        return self.report(output, records, (recorded_t, recorded_p), (command_t, command_p), bag, command_topic)
+
+    def report(self, output: Path, records: List[TickRecord], recorded: tuple, command: tuple, source: Path,
+               command_topic: Optional[str], spans: Optional[List[tuple]] = None,
+               described: Optional[Mapping[str, Any]] = None) -> ReplayResult:
+        """The ticks' result and its report (summary.json, plots) in ``output``; ``recorded`` and ``command``:
+        (times ns, positions in joint_names order), ``spans``: the stretches the command covers."""
+        names = self.settings.joint_names
         result = ReplayResult(output=output, records=records, joint_names=names,
-                              recorded_times_ns=np.asarray(recorded_t, dtype=np.int64),
-                              recorded_positions=np.asarray(recorded_p).reshape(-1, len(names)),
-                              command_times_ns=np.asarray(command_t, dtype=np.int64),
-                              command_positions=np.asarray(command_p).reshape(-1, len(names)), summary={})
-        result.summary = write_report(result, self.engine.stats, self.runtime, bag=bag, values=self.values,
+                              recorded_times_ns=np.asarray(recorded[0], dtype=np.int64),
+                              recorded_positions=np.asarray(recorded[1]).reshape(-1, len(names)),
+                              command_times_ns=np.asarray(command[0], dtype=np.int64),
+                              command_positions=np.asarray(command[1]).reshape(-1, len(names)), summary={},
+                              command_spans=spans)
+        result.summary = write_report(result, self.engine.stats, self.runtime, bag=source, values=self.values,
                                       command_topic=command_topic, latency_ms=self.latency_ns / 1e6,
-                                      supervisor=self.engine.supervisor)
+                                      supervisor=self.engine.supervisor, source=described)
         return result
 
 
@@ -166,13 +174,10 @@ def _progress(messages, enabled: bool, bag: Path):
     return tqdm(messages, desc=f'replaying {Path(bag).name}', unit='msg', file=sys.stderr)
 
 
-def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional[str] = None,
-           seed: Optional[int] = None, command_topic: Optional[str] = DEFAULT_COMMAND_TOPIC,
-           progress: bool = False, overrides: Optional[Mapping[str, Any]] = None,
-           latency_ms: float = 0.0) -> ReplayResult:
-    """Library entry point (the CLI and tests call this)."""
-    if not (Path(bag) / 'metadata.yaml').exists():
-        raise BagError(f'no rosbag2 bag at {bag} (expected a folder with metadata.yaml)')
+def replay_values(params: Optional[Path], checkpoint: Optional[str], seed: Optional[int],
+                  overrides: Optional[Mapping[str, Any]], latency_ms: float) -> Dict[str, Any]:
+    """The parameter values a replay runs with: the params file, the overrides, --checkpoint and --seed,
+    validated; the seed 0 unless one is given (a replay is deterministic by default)."""
     raw = load_params_file(params) if params else {}
     raw.update(overrides or {})
     if checkpoint:
@@ -182,9 +187,20 @@ def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional
     values = resolve_values(raw)
     validate(values)  # before the seed default below, so a bad seed is named as given
     if values['seed'] < 0:
-        values['seed'] = 0  # a replay is deterministic by default
+        values['seed'] = 0
     if not (latency_ms >= 0 and np.isfinite(latency_ms)):
         raise ReplayError(f'--latency-ms must be a finite number >= 0, got {latency_ms}')
+    return values
+
+
+def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional[str] = None,
+           seed: Optional[int] = None, command_topic: Optional[str] = DEFAULT_COMMAND_TOPIC,
+           progress: bool = False, overrides: Optional[Mapping[str, Any]] = None,
+           latency_ms: float = 0.0) -> ReplayResult:
+    """Library entry point (the CLI and tests call this)."""
+    if not (Path(bag) / 'metadata.yaml').exists():
+        raise BagError(f'no rosbag2 bag at {bag} (expected a folder with metadata.yaml)')
+    values = replay_values(params, checkpoint, seed, overrides, latency_ms)
     topics = bag_topics(bag)
     configured = configure(values)  # the node's configure path: same checks, same order, same warm-up
     command = command_topic if command_topic and command_topic in topics else None
@@ -194,7 +210,11 @@ def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog='vla_policy_replay', description=__doc__.split('\n\n')[0])
-    parser.add_argument('bag', type=Path, help='rosbag2 folder (sqlite3 or mcap)')
+    parser.add_argument('bag', type=Path, nargs='?', help='rosbag2 folder (sqlite3 or mcap)')
+    parser.add_argument('--dataset', type=Path,
+                        help='instead of a bag: a LeRobotDataset folder (vla_policy_bag_to_lerobot), its episodes '
+                             'replayed through the same ticks (frames from the videos, action as the command)')
+    parser.add_argument('--episodes', help="with --dataset: the episodes, e.g. '3,4' or '0-9' (default all)")
     parser.add_argument('--params', type=Path, help="the node's params YAML (same file as for the robot)")
     parser.add_argument('--checkpoint', help='overrides checkpoint_path from the params file')
     parser.add_argument('--output', type=Path, required=True, help='folder for the report (created)')
@@ -205,15 +225,26 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help='simulated time from an observation to the publication of its chunk (deterministic; '
                              'default 0): actions that fall due meanwhile are dropped and drive the RTC delay')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.bag is None) == (args.dataset is None):
+        parser.error('give a bag or --dataset DIR (one of them)')
+    if args.episodes and args.dataset is None:
+        parser.error('--episodes selects episodes of --dataset')
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     try:
-        result = replay(args.bag, args.params, args.output, checkpoint=args.checkpoint, seed=args.seed,
-                        command_topic=args.command_topic, progress=not args.no_progress,
-                        latency_ms=args.latency_ms)
+        if args.dataset is not None:
+            from .dataset_replay import parse_episodes, replay_dataset
+            result = replay_dataset(args.dataset, parse_episodes(args.episodes), args.params, args.output,
+                                    checkpoint=args.checkpoint, seed=args.seed, progress=not args.no_progress,
+                                    latency_ms=args.latency_ms)
+        else:
+            result = replay(args.bag, args.params, args.output, checkpoint=args.checkpoint, seed=args.seed,
+                            command_topic=args.command_topic, progress=not args.no_progress,
+                            latency_ms=args.latency_ms)
     except (BagError, ReplayError, ParameterError, CheckpointError, ConfigError, TokenizerError) as exc:
         print(f'vla_policy_replay: error: {exc}', file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,6 +44,8 @@ class ReplayResult:
     command_times_ns: np.ndarray
     command_positions: np.ndarray
     summary: Dict[str, Any]
+    # (first, last) ns of each stretch the command covers (several episodes of a dataset); None: one stretch
+    command_spans: Optional[List[Tuple[int, int]]] = None
 
 
 def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]:
@@ -61,7 +63,10 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
         if record.plan_positions is None:
             continue
         due = record.plan_start_ns + record.plan_times_sec * NS_PER_SEC
-        inside = (due >= times[0]) & (due <= times[-1])
+        spans = result.command_spans or [(times[0], times[-1])]
+        inside = np.zeros(due.shape, dtype=bool)
+        for first, last in spans:
+            inside |= (due >= first) & (due <= last)
         if not inside.any():
             continue
         recorded = np.stack([np.interp(due[inside], times, result.command_positions[:, j])
@@ -105,7 +110,9 @@ def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> D
 
 def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
               values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0,
-              supervisor: Optional[SafetySupervisor] = None) -> Dict[str, Any]:
+              supervisor: Optional[SafetySupervisor] = None, source: Optional[Mapping[str, Any]] = None
+              ) -> Dict[str, Any]:
+    """summary.json; ``source`` adds what was replayed when it is not a bag alone (a dataset's episodes)."""
     cache = runtime.cache.stats() if getattr(runtime, 'cache', None) is not None else None   # local backends
     described = runtime.describe()
     skipped = dict(sorted(stats.skipped.items()))
@@ -142,6 +149,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'safety': safety_summary(supervisor or SafetySupervisor(), result.records),
         'command_topic': command_topic,
         'command_error': command_error(result),
+        **dict(source or {}),
     }
 
 
@@ -323,8 +331,9 @@ def plot_handovers(result: ReplayResult, path: Path) -> None:
 
 def write_report(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
                  values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0,
-                 supervisor: Optional[SafetySupervisor] = None) -> Dict[str, Any]:
-    summary = summarize(result, stats, runtime, bag, values, command_topic, latency_ms, supervisor)
+                 supervisor: Optional[SafetySupervisor] = None,
+                 source: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    summary = summarize(result, stats, runtime, bag, values, command_topic, latency_ms, supervisor, source)
     (result.output / 'summary.json').write_text(json.dumps(summary, indent=2) + '\n')
     plot_chunks(result, result.output / 'chunks.png')
     plot_latency(result, result.output / 'latency.png')
