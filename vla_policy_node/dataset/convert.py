@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..params import ParameterError, load_params_file, resolve_values, validate
 from ..policy.checkpoint import CheckpointError
-from ..policy.config import ConfigError
+from ..policy.config_fields import ConfigError
 from ..replay.bag_io import BagError, message_count, require_topics
 from ..replay.bag_time import replayed_topics
 from ..replay.offline import DEFAULT_COMMAND_TOPIC

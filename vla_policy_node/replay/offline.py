@@ -17,6 +17,7 @@ ticks run at ``control_rate_hz`` on bag time through the same TickEngine
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -208,6 +209,11 @@ def replay(bag: Path, params: Optional[Path], output: Path, checkpoint: Optional
                                                              progress=progress)
 
 
+# The replay of LeRobotDataset episodes (--dataset) builds on OfflineReplay, so the command reaches it by name,
+# as backends.py names its loaders: no import circle between the two modules.
+DATASET_REPLAY = 'vla_policy_node.replay.dataset_replay'
+
+
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog='vla_policy_replay', description=__doc__.split('\n\n')[0])
     parser.add_argument('bag', type=Path, nargs='?', help='rosbag2 folder (sqlite3 or mcap)')
@@ -237,10 +243,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     try:
         if args.dataset is not None:
-            from .dataset_replay import parse_episodes, replay_dataset
-            result = replay_dataset(args.dataset, parse_episodes(args.episodes), args.params, args.output,
-                                    checkpoint=args.checkpoint, seed=args.seed, progress=not args.no_progress,
-                                    latency_ms=args.latency_ms)
+            source = importlib.import_module(DATASET_REPLAY)
+            result = source.replay_dataset(args.dataset, source.parse_episodes(args.episodes), args.params,
+                                           args.output, checkpoint=args.checkpoint, seed=args.seed,
+                                           progress=not args.no_progress, latency_ms=args.latency_ms)
         else:
             result = replay(args.bag, args.params, args.output, checkpoint=args.checkpoint, seed=args.seed,
                             command_topic=args.command_topic, progress=not args.no_progress,
