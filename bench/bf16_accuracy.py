@@ -53,22 +53,55 @@ def deep_config(policy_type: str, depth: int, cameras: int, width_scale: int = 1
 
 def randomize(model: torch.nn.Module, seed: int, init: str = 'scaled') -> None:
     """'scaled': weights at 1/sqrt(fan_in) (activations of order one at every depth), biases N(0, 0.02), norms
-    N(0, 0.1). 'lerobot': a freshly initialised lerobot model (weights N(0, 0.02), norms and biases 0)."""
+    N(0, 0.1). 'lerobot': as lerobot's ``PI0Policy(config)`` initialises pi0 (``lerobot_init``)."""
+    if init == 'lerobot':
+        lerobot_init(model, seed)
+        return
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if init == 'lerobot':
-                if param.dim() >= 2:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-                else:
-                    param.zero_()
-            elif param.dim() >= 2:
+            if param.dim() >= 2:
                 fan_in = param[0].numel() if 'embed' not in name else 1
                 param.copy_(torch.randn(param.shape, generator=generator) / fan_in ** 0.5)
             elif 'norm' in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+
+
+def lerobot_init(model: torch.nn.Module, seed: int) -> None:
+    """The initialisation of a pi0 that lerobot's ``PI0Policy(config)`` builds, as read from the model.safetensors
+    its ``save_pretrained`` wrote (lerobot 0.6.1, transformers 5.5.4; bench/compare_lerobot_bf16.py): every linear
+    of the Gemma streams and the projections torch's default (U(+-1/sqrt(fan_in)), biases alike), Gemma's RMSNorm
+    scales 0 (1 + w = 1), pi0.5's adaptive-norm dense weight 0, the token table N(0, 0.02) (tokens of std 0.64
+    after the sqrt(width) scale), the projector N(0, 0.02) with bias 0; SigLIP as transformers initialises it
+    (xavier-uniform linears, zero biases, LayerNorms 1 / 0, positions N(0, 1/sqrt(width)), patches lecun-normal)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                module.reset_parameters()                       # torch's default, biases too
+                if 'vision_tower' in name:
+                    torch.nn.init.xavier_uniform_(module.weight)
+                    torch.nn.init.zeros_(module.bias)
+                elif 'multi_modal_projector' in name:
+                    torch.nn.init.normal_(module.weight, std=0.02)
+                    torch.nn.init.zeros_(module.bias)
+                elif name.endswith('layernorm.dense') or name.endswith('norm.dense'):
+                    torch.nn.init.zeros_(module.weight)         # lerobot's PiGemmaRMSNorm (pi0.5)
+            elif isinstance(module, torch.nn.Embedding):
+                std = 0.02 if 'embed_tokens' in name else module.weight.shape[1] ** -0.5
+                torch.nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, torch.nn.Conv2d):
+                fan_in = module.weight[0].numel()
+                torch.nn.init.trunc_normal_(module.weight, std=(1.0 / fan_in) ** 0.5 / 0.8796)
+                torch.nn.init.zeros_(module.bias)
+            elif isinstance(module, torch.nn.LayerNorm):
+                torch.nn.init.ones_(module.weight)
+                torch.nn.init.zeros_(module.bias)
+            elif hasattr(module, 'weight') and isinstance(module.weight, torch.nn.Parameter) \
+                    and module.weight.dim() == 1:
+                torch.nn.init.zeros_(module.weight)             # Gemma RMSNorm: x * (1 + w)
 
 
 def inputs(config, seed: int):
@@ -179,21 +212,37 @@ def main(argv=None) -> int:
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--init', default='scaled', choices=('scaled', 'lerobot'),
                         help='random weights (see randomize)')
+    parser.add_argument('--checkpoint', type=Path, default=None,
+                        help='a pi0 / pi0.5 folder (e.g. the one bench/compare_lerobot_bf16.py has lerobot write) '
+                        'instead of random models: its weights, --seeds inputs')
     parser.add_argument('--no-recipe', action='store_true', help='skip the recipe (it recomputes the prefix '
                         'every step)')
     parser.add_argument('--per-layer', action='store_true', help='print the per-layer tables')
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = deep_config(args.type, args.depth, args.cameras, args.width_scale)
-    print(f'{args.type}: 2 x gemma_300m-sized streams (width {config.language.width}, {config.language.depth} '
-          f'layers), {args.cameras} cameras, prefix {config.prefix_len} tokens, {args.steps} steps, '
-          f'{args.seeds} model(s), torch {torch.__version__}')
+    if args.checkpoint is not None:
+        from vla_policy_node.policy.families import load_checkpoint
+        loaded_model = load_checkpoint(args.checkpoint, torch.device('cpu'), torch.float32).model
+        config = loaded_model.config
+        source = f'{args.checkpoint}, {args.seeds} input(s)'
+    else:
+        config = deep_config(args.type, args.depth, args.cameras, args.width_scale)
+        source = f'{args.seeds} model(s), init {args.init}'
+    print(f'{config.policy_type}: streams of width {config.language.width} / {config.expert.width}, '
+          f'{config.language.depth} layers, {len(config.all_camera_names)} cameras, prefix {config.prefix_len} '
+          f'tokens, {args.steps} steps, {source}, torch {torch.__version__}')
     totals: Dict[str, List[float]] = {}
     for seed in range(args.seeds):
         started = time.perf_counter()
-        torch.manual_seed(0)
-        model = PiZeroModel(config).eval()
-        randomize(model, seed, args.init)
+        if args.checkpoint is not None:    # fresh fp32 weights for each input (bf16 rounded the last ones)
+            model = None
+            model = loaded_model if seed == 0 else load_checkpoint(args.checkpoint, torch.device('cpu'),
+                                                                   torch.float32).model
+            loaded_model = None
+        else:
+            torch.manual_seed(0)
+            model = PiZeroModel(config).eval()
+            randomize(model, seed, args.init)
         images, image_masks, tokens, token_masks, state, noise = inputs(config, seed)
         prefix_inputs = (images, image_masks, tokens, token_masks)
         recipe = not args.no_recipe
@@ -243,7 +292,7 @@ def main(argv=None) -> int:
             totals[name][1] += e_mean
             line.append(f'{name} {e_max:.4f}/{e_mean:.5f}')
         print(f'  seed {seed} ({time.perf_counter() - started:.0f} s): ' + ', '.join(line))
-    print(f'\nactions |bf16 - fp32|, max / mean summed over {args.seeds} model(s):')
+    print(f'\nactions |bf16 - fp32|, max / mean summed over {args.seeds} model(s) / input(s):')
     base = totals.get('recipe')
     for name, (e_max, e_mean) in totals.items():
         ratio = f'   / recipe = {e_max / base[0]:.2f}x max, {e_mean / base[1]:.2f}x mean' if base else ''
