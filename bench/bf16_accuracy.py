@@ -149,26 +149,41 @@ def _rope_bf16(x, cos, sin):
 ORIGINAL = {'attention': layers.grouped_query_attention, 'rope': layers.apply_rope}
 
 
+def _rounded_stream_input(self, x, dtype):
+    """Tokens rounded to the compute dtype before they enter the fp32 residual stream (the code before issue 25)."""
+    return x.to(dtype).float() if self.residual_fp32 else x.to(dtype)
+
+
+ORIGINAL['stream_input'] = gemma.GemmaStack.stream_input
+
+
 @contextlib.contextmanager
-def patched(attention: Callable = None, rope: Callable = None, residual_fp32: bool = True) -> Iterator[None]:
+def patched(attention: Callable = None, rope: Callable = None, residual_fp32: bool = True,
+            round_inputs: bool = False) -> Iterator[None]:
     default = gemma.GemmaStack.residual_fp32
     try:
         if attention is not None:
             gemma.grouped_query_attention = attention
         if rope is not None:
             gemma.apply_rope = rope
+        if round_inputs:
+            gemma.GemmaStack.stream_input = _rounded_stream_input
         gemma.GemmaStack.residual_fp32 = residual_fp32
         yield
     finally:
         gemma.grouped_query_attention = ORIGINAL['attention']
         gemma.apply_rope = ORIGINAL['rope']
+        gemma.GemmaStack.stream_input = ORIGINAL['stream_input']
         gemma.GemmaStack.residual_fp32 = default
 
 
 # 'ours' is the current code; 'before' is it with the residual stream rounded to bf16 after every add, as
-# before the fix (and as lerobot does). The others switch one stage of 'ours' to another precision.
+# before issue 17 (and as lerobot does); 'tokens rounded at entry' is it with the tokens made outside the stacks
+# rounded to bf16 before they enter the fp32 stream, as before issue 25. The others switch one stage of 'ours'
+# to another precision.
 VARIANTS: Dict[str, Dict[str, object]] = {
     'ours': {},
+    'tokens rounded at entry': {'round_inputs': True},
     'before (bf16 residual stream)': {'residual_fp32': False},
     'before, attention as the recipe': {'residual_fp32': False, 'attention': _attention_recipe},
     'before, attention in fp32': {'residual_fp32': False, 'attention': _attention_fp32},

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / 'test'):
+for _path in (ROOT, ROOT / 'test', ROOT / 'bench'):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
@@ -245,6 +245,9 @@ def main() -> int:
         gc.collect()
         model = our_model(checkpoint, torch.bfloat16)
         ours16 = [our_actions(model, case, args.steps) for case in cases]
+        from bf16_accuracy import patched
+        with patched(round_inputs=True):            # the code before issue 25
+            before16 = [our_actions(model, case, args.steps) for case in cases]
         our_kv16 = model.fill_prefix(*cases[0][:4]).kv.float() if args.per_layer else None
         recipe = None
         if args.with_recipe:
@@ -257,12 +260,14 @@ def main() -> int:
         summary('parity: ours fp32 vs lerobot fp32', zip(ours32, theirs32))
         lr = summary('lerobot bf16 vs lerobot fp32', zip(theirs16, theirs32))
         us = summary('ours bf16 vs ours fp32', zip(ours16, ours32))
+        be = summary('ours before issue 25 (tokens rounded at entry)', zip(before16, ours32))
         summary('ours bf16 vs lerobot fp32', zip(ours16, theirs32))
         summary('ours bf16 vs lerobot bf16', zip(ours16, theirs16))
         if recipe is not None:
             summary('restated recipe vs lerobot bf16', zip(recipe, theirs16))
             summary('restated recipe vs ours fp32', zip(recipe, ours32))
-        print(f'  ours / lerobot: {us[0] / lr[0]:.2f}x max, {us[1] / lr[1]:.2f}x mean')
+        print(f'  ours / lerobot: {us[0] / lr[0]:.2f}x max, {us[1] / lr[1]:.2f}x mean; before issue 25: '
+              f'{be[0] / lr[0]:.2f}x max, {be[1] / lr[1]:.2f}x mean')
         if args.per_layer:
             print('\nprefix K/V per layer, case 0, mean |bf16 - fp32| (lerobot | ours)')
             for i, ((k32, v32), (k16, v16)) in enumerate(zip(kv32, kv16)):
