@@ -53,9 +53,10 @@ def deep_config(policy_type: str, depth: int, cameras: int, width_scale: int = 1
 
 def randomize(model: torch.nn.Module, seed: int, init: str = 'scaled') -> None:
     """'scaled': weights at 1/sqrt(fan_in) (activations of order one at every depth), biases N(0, 0.02), norms
-    N(0, 0.1). 'lerobot': as lerobot's ``PI0Policy(config)`` initialises pi0 (``lerobot_init``)."""
+    N(0, 0.1). 'lerobot': as lerobot's ``PI0Policy(config)`` initialises pi0 (test_model_parity's
+    ``randomize_like_lerobot_``)."""
     if init == 'lerobot':
-        lerobot_init(model, seed)
+        parity.randomize_like_lerobot_(model, seed)
         return
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -67,41 +68,6 @@ def randomize(model: torch.nn.Module, seed: int, init: str = 'scaled') -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-
-
-def lerobot_init(model: torch.nn.Module, seed: int) -> None:
-    """The initialisation of a pi0 that lerobot's ``PI0Policy(config)`` builds, as read from the model.safetensors
-    its ``save_pretrained`` wrote (lerobot 0.6.1, transformers 5.5.4; bench/compare_lerobot_bf16.py): every linear
-    of the Gemma streams and the projections torch's default (U(+-1/sqrt(fan_in)), biases alike), Gemma's RMSNorm
-    scales 0 (1 + w = 1), pi0.5's adaptive-norm dense weight 0, the token table N(0, 0.02) (tokens of std 0.64
-    after the sqrt(width) scale), the projector N(0, 0.02) with bias 0; SigLIP as transformers initialises it
-    (xavier-uniform linears, zero biases, LayerNorms 1 / 0, positions N(0, 1/sqrt(width)), patches lecun-normal)."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear):
-                module.reset_parameters()                       # torch's default, biases too
-                if 'vision_tower' in name:
-                    torch.nn.init.xavier_uniform_(module.weight)
-                    torch.nn.init.zeros_(module.bias)
-                elif 'multi_modal_projector' in name:
-                    torch.nn.init.normal_(module.weight, std=0.02)
-                    torch.nn.init.zeros_(module.bias)
-                elif name.endswith('layernorm.dense') or name.endswith('norm.dense'):
-                    torch.nn.init.zeros_(module.weight)         # lerobot's PiGemmaRMSNorm (pi0.5)
-            elif isinstance(module, torch.nn.Embedding):
-                std = 0.02 if 'embed_tokens' in name else module.weight.shape[1] ** -0.5
-                torch.nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, torch.nn.Conv2d):
-                fan_in = module.weight[0].numel()
-                torch.nn.init.trunc_normal_(module.weight, std=(1.0 / fan_in) ** 0.5 / 0.8796)
-                torch.nn.init.zeros_(module.bias)
-            elif isinstance(module, torch.nn.LayerNorm):
-                torch.nn.init.ones_(module.weight)
-                torch.nn.init.zeros_(module.bias)
-            elif hasattr(module, 'weight') and isinstance(module.weight, torch.nn.Parameter) \
-                    and module.weight.dim() == 1:
-                torch.nn.init.zeros_(module.weight)             # Gemma RMSNorm: x * (1 + w)
 
 
 def inputs(config, seed: int):

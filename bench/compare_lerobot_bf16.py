@@ -11,7 +11,8 @@ lerobot is no dependency of the package: this script runs in a venv OUTSIDE the 
 The checkpoint: lerobot's ``PI0Policy(PI0Config(...))`` with ``paligemma_variant`` and ``action_expert_variant``
 both ``gemma_300m`` (18 layers each; lerobot's own choice of the smaller PaliGemma stream, so the model fits a
 shared 24 GB machine), lerobot's vision tower (SigLIP so400m, 224 px), lerobot's initialisation, 2 cameras,
-chunk 50, 10 steps; written by ``save_pretrained`` with processor files from lerobot's processor steps (mean/std
+chunk 50, 10 steps, and one fix (``projector_to_language_width``: lerobot's SigLIP projector is 2048 wide
+whatever the language width); written by ``save_pretrained`` with processor files from lerobot's processor steps (mean/std
 statistics of 0/1, no tokenizer step: no PaliGemma tokenizer can be downloaded here). ``--checkpoint DIR`` takes
 a folder written that way instead of building one.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,11 +80,32 @@ def save_processors(config, folder: Path) -> None:
     post.save_pretrained(folder)
 
 
+def projector_to_language_width() -> None:
+    """lerobot sets the SigLIP projector's output to 2048 (``vision_config.projection_dim``, gemma_2b's width)
+    whatever ``paligemma_variant`` says, so a gemma_300m PaliGemma stream (width 1024) cannot run
+    (``embed_prefix`` fails to concatenate 2048-wide image tokens with 1024-wide text tokens). The one change
+    made to lerobot here: the projector's output is the language model's width, before the model is built."""
+    from lerobot.policies.pi0 import modeling_pi0 as mp
+    base = mp.PaliGemmaForConditionalGenerationWithPiGemma
+    if getattr(base, 'projector_fixed', False):
+        return
+
+    class PaliGemmaProjectorAtLanguageWidth(base):
+        projector_fixed = True
+
+        def __init__(self, config):
+            config.vision_config.projection_dim = config.text_config.hidden_size
+            super().__init__(config)
+
+    mp.PaliGemmaForConditionalGenerationWithPiGemma = PaliGemmaProjectorAtLanguageWidth
+
+
 def lerobot_policy(checkpoint: Path, build: bool, seed: int):
     """Build and save (``build``) or rebuild and load key by key (strict) a PI0Policy, fp32."""
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.pi0.modeling_pi0 import PI0Policy
     from safetensors import safe_open
+    projector_to_language_width()
     start = time.perf_counter()
     torch.manual_seed(seed)
     config = lerobot_config() if build else PreTrainedConfig.from_pretrained(str(checkpoint))
@@ -189,6 +212,20 @@ def summary(label: str, pairs) -> Tuple[float, float]:
     return worst, mean
 
 
+def lerobot_side(checkpoint: Path, build: bool, cases, args, results: Path) -> int:
+    """lerobot's fp32 and bf16 actions (and prefix K/V of case 0 with --per-layer), saved to ``results``."""
+    print('\nlerobot (PI0Policy, 2 x gemma_300m)')
+    policy = lerobot_policy(checkpoint, build, args.seed)
+    out = {'fp32': [lerobot_actions(policy, case, args.steps) for case in cases],
+           'kv32': lerobot_prefix_kv(policy, cases[0]) if args.per_layer else None}
+    policy.model.paligemma_with_expert.to_bfloat16_for_selected_params('bfloat16')
+    print(f'  as lerobot casts it for bf16: {lerobot_dtypes(policy)}')
+    out['bf16'] = [lerobot_actions(policy, case, args.steps) for case in cases]
+    out['kv16'] = lerobot_prefix_kv(policy, cases[0]) if args.per_layer else None
+    torch.save(out, results)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--checkpoint', type=Path, default=None, help='a folder PI0Policy.save_pretrained wrote '
@@ -201,6 +238,9 @@ def main() -> int:
     parser.add_argument('--per-layer', action='store_true')
     parser.add_argument('--with-recipe', action='store_true')
     parser.add_argument('--quick', action='store_true', help='one case, 3 steps')
+    parser.add_argument('--reuse', action='store_true', help="reuse lerobot's saved actions of an earlier run "
+                        '(same --work / --checkpoint, cases and steps)')
+    parser.add_argument('--side', choices=('lerobot',), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.cases, args.steps = 1, 3
@@ -218,7 +258,7 @@ def main() -> int:
           f'{args.threads} thread(s); {args.cases} case(s), {args.steps} steps')
     scratch = None
     if args.checkpoint is None:
-        if args.work is None:
+        if args.side is None and args.work is None:
             scratch = tempfile.TemporaryDirectory(prefix='compare_bf16.')
             args.work = Path(scratch.name)
         checkpoint, build = args.work / 'pi0_lerobot', True
@@ -226,17 +266,18 @@ def main() -> int:
         checkpoint, build = args.checkpoint, False
     try:
         cases = [make_case(i) for i in range(args.cases)]
-        print('\nlerobot (PI0Policy, 2 x gemma_300m)')
-        policy = lerobot_policy(checkpoint, build, args.seed)
-        theirs32 = [lerobot_actions(policy, case, args.steps) for case in cases]
-        kv32 = lerobot_prefix_kv(policy, cases[0]) if args.per_layer else None
-        policy.model.paligemma_with_expert.to_bfloat16_for_selected_params('bfloat16')
-        print(f'  as lerobot casts it for bf16: {lerobot_dtypes(policy)}')
-        theirs16 = [lerobot_actions(policy, case, args.steps) for case in cases]
-        kv16 = lerobot_prefix_kv(policy, cases[0]) if args.per_layer else None
-        del policy
-        gc.collect()
-
+        results = (args.work or checkpoint.parent) / f'lerobot_actions_{args.cases}x{args.steps}.pt'
+        if args.side == 'lerobot':
+            return lerobot_side(checkpoint, build, cases, args, results)
+        if not (args.reuse and results.exists()):
+            # lerobot in its own process: its memory is back before ours loads (one 24 GB machine, shared).
+            command = [sys.executable, __file__, '--side', 'lerobot', '--cases', str(args.cases), '--steps',
+                       str(args.steps), '--seed', str(args.seed), '--threads', str(args.threads)]
+            command += ['--work', str(args.work)] if build else ['--checkpoint', str(checkpoint)]
+            command += ['--per-layer'] if args.per_layer else []
+            subprocess.run(command, check=True)
+        theirs = torch.load(results)
+        theirs32, theirs16, kv32, kv16 = (theirs[key] for key in ('fp32', 'bf16', 'kv32', 'kv16'))
         print('\nours (load_checkpoint of that folder)')
         model = our_model(checkpoint, torch.float32)
         ours32 = [our_actions(model, case, args.steps) for case in cases]
