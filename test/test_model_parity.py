@@ -495,7 +495,8 @@ def randomize_like_lerobot_(model: torch.nn.Module, seed: int) -> None:
                 elif name.endswith('norm.dense'):
                     torch.nn.init.zeros_(module.weight)
             elif isinstance(module, torch.nn.Embedding):
-                torch.nn.init.normal_(module.weight, std=0.02 if 'embed_tokens' in name else module.weight.shape[1] ** -0.5)
+                std = 0.02 if 'embed_tokens' in name else module.weight.shape[1] ** -0.5
+                torch.nn.init.normal_(module.weight, std=std)
             elif isinstance(module, torch.nn.Conv2d):
                 torch.nn.init.trunc_normal_(module.weight, std=module.weight[0].numel() ** -0.5 / 0.8796)
                 torch.nn.init.zeros_(module.bias)
