@@ -13,8 +13,8 @@ both ``gemma_300m`` (18 layers each; lerobot's own choice of the smaller PaliGem
 shared 24 GB machine), lerobot's vision tower (SigLIP so400m, 224 px), lerobot's initialisation, 2 cameras,
 chunk 50, 10 steps, and one fix (``projector_to_language_width``: lerobot's SigLIP projector is 2048 wide
 whatever the language width); written by ``save_pretrained`` with processor files from lerobot's processor
-steps (mean/std statistics of 0/1, no tokenizer step: no PaliGemma tokenizer can be downloaded here). ``--checkpoint DIR`` takes
-a folder written that way instead of building one.
+steps (mean/std statistics of 0/1, no tokenizer step: no PaliGemma tokenizer can be downloaded here).
+``--checkpoint DIR`` takes a folder written that way instead of building one.
 
 The comparison is at the model's inputs, the same for both sides: 2 camera images of uniform random pixels in
 [-1, 1], a prompt of random token ids right-padded to 48, a normalised state (padded to 32), the noise. lerobot:
