@@ -3,6 +3,7 @@ bf16 error against lerobot's bf16 recipe.
 
 All on small random configs on the CPU.
 """
+import contextlib
 import dataclasses
 import math
 
@@ -425,6 +426,33 @@ def randomize_scaled_(module: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * (0.1 if 'norm' in name else 0.02))
 
 
+def summed_bf16_errors(policy_type: str, randomize, variant_name: str, variant) -> dict:
+    """|bf16 - fp32| of the actions, (max, mean) summed over BF16_MODELS deep models initialised by
+    ``randomize(model, seed)``: 'ours', 'recipe' (ref_sample_actions on the bf16-cast model) and ``variant_name``
+    (ours inside the context manager ``variant()``)."""
+    config = dataclasses.replace(preset('tiny', policy_type=policy_type, tokenizer_max_length=12, chunk_size=6,
+                                        n_action_steps=6), language=BF16_LANGUAGE, expert=BF16_EXPERT)
+    errors = {name: torch.zeros(2, dtype=torch.float64) for name in ('ours', variant_name, 'recipe')}
+    for seed in range(BF16_MODELS):
+        torch.manual_seed(0)
+        model = PiZeroModel(config).eval()
+        randomize(model, seed=seed)
+        images, image_masks, tokens, token_masks, state, noise = model_inputs(config, seed=seed)
+        inputs = (images, image_masks, tokens, token_masks, state)
+        with torch.no_grad():
+            fp32 = model.sample_actions(*inputs, noise=noise, num_steps=4)
+            model.set_compute_dtype(torch.bfloat16)
+            got = {'ours': model.sample_actions(*inputs, noise=noise, num_steps=4),
+                   'recipe': ref_sample_actions(model, *inputs, noise, 4)}
+            with variant():
+                got[variant_name] = model.sample_actions(*inputs, noise=noise, num_steps=4)
+        for name, actions in got.items():
+            assert actions.dtype == torch.float32
+            error = (actions - fp32).abs().double()
+            errors[name] += torch.stack([error.max(), error.mean()])
+    return errors
+
+
 @pytest.mark.parametrize('policy_type', ['pi0', 'pi05'])
 def test_bf16_error_is_at_most_that_of_lerobots_bf16_recipe(policy_type):
     """Same weights and inputs: |bf16 - fp32| of our actions <= that of lerobot's bf16 recipe (ref_sample_actions
@@ -438,30 +466,17 @@ def test_bf16_error_is_at_most_that_of_lerobots_bf16_recipe(policy_type):
     test_checkpoint's test_bf16_load_keeps_the_fp32_modules.
     """
     from vla_policy_node.policy import gemma
-    config = dataclasses.replace(preset('tiny', policy_type=policy_type, tokenizer_max_length=12, chunk_size=6,
-                                        n_action_steps=6), language=BF16_LANGUAGE, expert=BF16_EXPERT)
-    errors = {name: torch.zeros(2, dtype=torch.float64) for name in ('ours', 'bf16 residual', 'recipe')}
-    for seed in range(BF16_MODELS):
-        torch.manual_seed(0)
-        model = PiZeroModel(config).eval()
-        randomize_scaled_(model, seed=seed)
-        images, image_masks, tokens, token_masks, state, noise = model_inputs(config, seed=seed)
-        inputs = (images, image_masks, tokens, token_masks, state)
-        with torch.no_grad():
-            fp32 = model.sample_actions(*inputs, noise=noise, num_steps=4)
-            model.set_compute_dtype(torch.bfloat16)
-            got = {'ours': model.sample_actions(*inputs, noise=noise, num_steps=4),
-                   'recipe': ref_sample_actions(model, *inputs, noise, 4)}
-            assert gemma.GemmaStack.residual_fp32
-            gemma.GemmaStack.residual_fp32 = False
-            try:
-                got['bf16 residual'] = model.sample_actions(*inputs, noise=noise, num_steps=4)
-            finally:
-                gemma.GemmaStack.residual_fp32 = True
-        for name, actions in got.items():
-            assert actions.dtype == torch.float32
-            error = (actions - fp32).abs().double()
-            errors[name] += torch.stack([error.max(), error.mean()])
+
+    @contextlib.contextmanager
+    def bf16_residual():
+        assert gemma.GemmaStack.residual_fp32
+        gemma.GemmaStack.residual_fp32 = False
+        try:
+            yield
+        finally:
+            gemma.GemmaStack.residual_fp32 = True
+
+    errors = summed_bf16_errors(policy_type, randomize_scaled_, 'bf16 residual', bf16_residual)
     recipe_max, recipe_mean = errors['recipe'].tolist()
     ours_max, ours_mean = errors['ours'].tolist()
     assert recipe_mean > 1e-4, 'bf16 must differ from fp32 here, or the comparison says nothing'
@@ -530,25 +545,14 @@ def test_bf16_error_on_lerobots_initialisation(policy_type, monkeypatch):
     pi0.5 0.065 / 0.060; ours / rounded at entry: pi0 0.97 / 1.01, pi0.5 0.30 / 0.31.
     """
     from vla_policy_node.policy import gemma
-    config = dataclasses.replace(preset('tiny', policy_type=policy_type, tokenizer_max_length=12, chunk_size=6,
-                                        n_action_steps=6), language=BF16_LANGUAGE, expert=BF16_EXPERT)
-    errors = {name: torch.zeros(2, dtype=torch.float64) for name in ('ours', 'rounded at entry', 'recipe')}
-    for seed in range(BF16_MODELS):
-        model = PiZeroModel(config).eval()
-        randomize_like_lerobot_(model, seed=seed)
-        images, image_masks, tokens, token_masks, state, noise = model_inputs(config, seed=seed)
-        inputs = (images, image_masks, tokens, token_masks, state)
-        with torch.no_grad():
-            fp32 = model.sample_actions(*inputs, noise=noise, num_steps=4)
-            model.set_compute_dtype(torch.bfloat16)
-            got = {'ours': model.sample_actions(*inputs, noise=noise, num_steps=4),
-                   'recipe': ref_sample_actions(model, *inputs, noise, 4)}
-            with monkeypatch.context() as patch:
-                patch.setattr(gemma.GemmaStack, 'stream_input', _rounded_at_entry)
-                got['rounded at entry'] = model.sample_actions(*inputs, noise=noise, num_steps=4)
-        for name, actions in got.items():
-            error = (actions - fp32).abs().double()
-            errors[name] += torch.stack([error.max(), error.mean()])
+
+    @contextlib.contextmanager
+    def rounded_at_entry():
+        with monkeypatch.context() as patch:
+            patch.setattr(gemma.GemmaStack, 'stream_input', _rounded_at_entry)
+            yield
+
+    errors = summed_bf16_errors(policy_type, randomize_like_lerobot_, 'rounded at entry', rounded_at_entry)
     recipe, ours, rounded = (errors[name] for name in ('recipe', 'ours', 'rounded at entry'))
     assert recipe[1] > 1e-4, 'bf16 must differ from fp32 here, or the comparison says nothing'
     to_recipe, to_rounded = LEROBOT_INIT_BOUNDS[policy_type]
