@@ -28,7 +28,7 @@ the cache key (cache/key.py), so a hit returns exactly what its miss computed.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -227,9 +227,11 @@ def check_shapes(model: nn.Module, mode: str, kernel: str) -> None:
 
 
 def quantize_model(model: nn.Module, mode: str, device: torch.device,
-                   capability: Optional[Tuple[int, int]] = None) -> str:
+                   capability: Optional[Tuple[int, int]] = None,
+                   only: Optional[Callable[[str], bool]] = None) -> str:
     """Replace the quantizable modules of a loaded model in place (see the module docstring) and return the
-    kernel it runs with; QuantizationError (nothing changed) where the device or the checkpoint cannot."""
+    kernel it runs with; QuantizationError (nothing changed) where the device or the checkpoint cannot.
+    ``only``: a filter on the module names (bench/quant_accuracy.py's per-part ablation)."""
     kernel = check_device(mode, device, capability)
     if mode == 'none':
         return kernel
@@ -237,7 +239,7 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device,
     replaced: Dict[int, nn.Module] = {}
     with torch.inference_mode(False), torch.no_grad():
         for name, module in list(model.named_modules()):
-            if not name or not quantizable(name, module, mode):
+            if not name or not quantizable(name, module, mode) or (only is not None and not only(name)):
                 continue
             parent_name, _, child = name.rpartition('.')
             parent = model.get_submodule(parent_name) if parent_name else model
