@@ -211,3 +211,27 @@ def test_the_parameter_takes_the_three_modes_only():
         validate(dict(values, quantization=mode))
     with pytest.raises(ParameterError, match='quantization'):
         validate(dict(values, quantization='int4'))
+
+
+# ---- memory (the doctor) ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('preset_name', ['pi0', 'pi05'])
+def test_full_size_int8_weights_hold_at_most_0_55x_of_the_bf16_bytes(preset_name):
+    from vla_policy_node.doctor import quantized_bytes
+    from vla_policy_node.policy.families import family_class, preset_config
+
+    config = preset_config(preset_name)
+    figures = quantized_bytes(family_class(config.policy_type), config)     # the real shapes, on the meta device
+    assert figures['none'] > 6 * 2 ** 30
+    assert figures['int8_weights'] <= 0.55 * figures['none']
+    assert figures['fp8'] <= 0.6 * figures['none']
+
+
+def test_the_doctor_prints_memory_per_mode_and_the_device_sizes(tiny_checkpoints):
+    from vla_policy_node.doctor import diagnose
+
+    lines = diagnose(tiny_checkpoints['pi0'], quantization='fp8').lines
+    rows = {mode: next(line for line in lines if line.strip().startswith(mode + ' ')) for mode in quant.MODES}
+    assert all('8 GB yes' in row and '64 GB yes' in row for row in rows.values())
+    assert rows['fp8'].endswith('<- --quantization') and not rows['none'].endswith('<- --quantization')
+    assert any('headroom' in line for line in lines)

@@ -74,6 +74,8 @@ def check_device(mode: str, device: torch.device, capability: Optional[Tuple[int
         raise QuantizationError(f'quantization must be one of {", ".join(MODES)}, got {mode!r}')
     if mode == 'none':
         return 'none'
+    if device.type == 'meta':          # shapes only (the doctor's byte count): what the CPU would hold
+        device = torch.device('cpu')
     if device.type not in ('cpu', 'cuda'):
         raise QuantizationError(f'quantization {mode} runs on cpu or cuda, not on {device}')
     if mode == 'int8_weights':
@@ -245,7 +247,7 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device,
             parent = model.get_submodule(parent_name) if parent_name else model
             new = (QuantizedLinear.from_linear(module, mode, kernel) if isinstance(module, nn.Linear)
                    else QuantizedEmbedding(module))
-            setattr(parent, child, new.to(device))
+            setattr(parent, child, new if device.type == 'meta' else new.to(device))
             replaced[id(module)] = new
         _refuse(model, replaced)
     model.quantization = mode
@@ -265,10 +267,8 @@ def _refuse(model: nn.Module, replaced: Dict[int, nn.Module]) -> None:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes of the loaded model as it sits in memory: every parameter and buffer, each storage once (the
-    fused projections' row views share theirs)."""
-    seen: Dict[Tuple[int, int], int] = {}
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        storage = tensor.untyped_storage()
-        seen[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
-    return sum(seen.values())
+    """Bytes of the model as it sits in memory: every parameter and buffer once (a fused projection's stacked
+    tensor is no parameter or buffer, its parts are its row views, so nothing is counted twice). Works on the
+    meta device (shapes only)."""
+    tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
