@@ -107,10 +107,16 @@ class FusedProjection:
         self.weight: Optional[torch.Tensor] = None
         self.bias: Optional[torch.Tensor] = None
         self.quantized: Optional[nn.Module] = None          # the stacked QuantizedLinear, when the parts are
+        self.mixed = False
         self._views: List[Tuple[dict, str, int]] = []        # (module's tensor dict, name, expected address)
 
     def fuse(self) -> None:
-        if all(is_quantized(linear) for linear in self.linears):
+        quantized = [is_quantized(linear) for linear in self.linears]
+        self.mixed = any(quantized) and not all(quantized)     # some parts quantized: each runs its own GEMM
+        if self.mixed:
+            self.weight, self._views = self.linears[0], []
+            return
+        if all(quantized):
             self._fuse_quantized()
             return
         self.quantized = None
@@ -143,6 +149,8 @@ class FusedProjection:
         # Under torch.compile the storage check would break the graph; a compiled caller fuses first.
         if self.weight is None or not (_compiling() or self._views_current()):
             self.fuse()
+        if self.mixed:
+            return torch.cat([apply_linear(linear, x) for linear in self.linears], dim=-1)
         if self.quantized is not None:
             return self.quantized(x)
         return packed_linear(x, self.weight, self.bias)
