@@ -97,15 +97,16 @@ def bench_kernels() -> None:
             'fp32 F.linear': lambda: F.linear(x, w),
             'int8 dequantize + F.linear (ours)': lambda: F.linear(x, q * scale[:, None]),
             'bf16 F.linear': lambda: F.linear(x.bfloat16(), w.bfloat16()),
-            'torch._weight_int8pack_mm (bf16 act.)': lambda: torch._weight_int8pack_mm(x.bfloat16(), q,
-                                                                                        scale.bfloat16()),
+            'torch._weight_int8pack_mm (bf16 act.)':
+                lambda: torch._weight_int8pack_mm(x.bfloat16(), q, scale.bfloat16()),
         }
         if rows <= 64:
             kernels['torch._weight_int8pack_mm (fp32 act.)'] = lambda: torch._weight_int8pack_mm(x, q, scale)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter('ignore')
-                quantized = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(n, dtype=torch.long), 0)
+                zero_points = torch.zeros(n, dtype=torch.long)
+                quantized = torch._make_per_channel_quantized_tensor(q, scale.double(), zero_points, 0)
                 packed = torch.ops.quantized.linear_prepack(quantized, None)
             kernels['quantized.linear_dynamic (int8 act./tensor)'] = (
                 lambda: torch.ops.quantized.linear_dynamic(x, packed, True))

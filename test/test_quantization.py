@@ -32,7 +32,7 @@ def _folders(tiny_checkpoints, smolvla_checkpoint):
 
 @pytest.mark.parametrize('kind', ['pi0', 'pi05', 'smolvla'])
 def test_every_block_projection_is_quantized_and_the_small_parts_are_not(kind, tiny_checkpoints,
-                                                                        smolvla_checkpoint):
+                                                                         smolvla_checkpoint):
     runtime = PolicyRuntime.from_pretrained(_folders(tiny_checkpoints, smolvla_checkpoint)[kind], device='cpu',
                                             dtype='float32', quantization='int8_weights')
     names = {name for name, module in runtime.model.named_modules() if isinstance(module, QuantizedLinear)}

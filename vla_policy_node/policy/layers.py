@@ -98,8 +98,8 @@ class FusedProjection:
     from the current parameters, so the GEMM never runs on stale weights. The loader
     fuses right after loading (``fuse_projections``) so that this happens at load time,
     not in the first control tick. Quantized parts (policy/quant.py, the ``quantization`` parameter) fuse the
-    same way: their stacked int8 / e4m3 rows and per-row scales, one quantized GEMM. Deliberately not an ``nn.Module``: it owns no
-    parameters and adds no state_dict entries.
+    same way: their stacked int8 / e4m3 rows and per-row scales, one quantized GEMM; partly quantized parts run
+    one GEMM each. Deliberately not an ``nn.Module``: it owns no parameters and adds no state_dict entries.
     """
 
     def __init__(self, *linears: nn.Linear) -> None:

@@ -104,8 +104,8 @@ class PolicyRuntime:
         (policy/quant.py; QuantizationError where the device cannot run the mode)."""
         self.policy, self.model, self.config = policy, policy.model, policy.config
         self.device, self.dtype = policy.device, policy.compute_dtype
-        self.quantization, self.quantization_kernel = quantization, quantize_model(self.model, quantization,
-                                                                                  self.device)
+        self.quantization = quantization
+        self.quantization_kernel = quantize_model(self.model, quantization, self.device)
         self.tokenizer = policy.tokenizer
         self.state_normalizer, self.action_normalizer = policy.state_normalizer, policy.action_normalizer
         self.relative_mask = action_space.relative_mask(self.config)
