@@ -53,7 +53,8 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
 
     Each published point i of a chunk is due at plan_start + time_from_start[i];
     the recorded command is linearly interpolated there. Points outside the
-    recorded span are left out.
+    recorded span are left out, and so are those already due when the chunk was
+    published (a stamped chunk carries them; the controller skips them).
     """
     if result.command_times_ns.size < 2:
         return None
@@ -67,6 +68,8 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
         inside = np.zeros(due.shape, dtype=bool)
         for first, last in spans:
             inside |= (due >= first) & (due <= last)
+        if record.publish_ns:
+            inside &= due > record.publish_ns
         if not inside.any():
             continue
         recorded = np.stack([np.interp(due[inside], times, result.command_positions[:, j])
@@ -91,6 +94,13 @@ def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
             summary[figure] = {'p50': float(np.percentile(values, 50)), 'p95': float(np.percentile(values, 95)),
                                'max': float(values.max())}
     return summary
+
+
+def camera_clock_summary(stats: TickStats, values: Mapping[str, Any]) -> Dict[str, Any]:
+    """The camera_clock parameter, the clock the observations were timed in (counts) and why (the latest)."""
+    latest = stats.camera_clock
+    return {'setting': values.get('camera_clock', 'auto'), 'observations': dict(sorted(stats.camera_clocks.items())),
+            'used': latest.name if latest else None, 'reason': latest.reason if latest else None}
 
 
 def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> Dict[str, Any]:
@@ -144,6 +154,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'fast_path': runtime.fast_path_summary() if hasattr(runtime, 'fast_path_summary') else {},
         'simulated_latency_ms': latency_ms,
         'chunking': values['chunking'],
+        'camera_clock': camera_clock_summary(stats, values),
         'chunks_continued': sum(1 for r in result.records if r.continued),
         'handover': handover_summary(result.records),
         'safety': safety_summary(supervisor or SafetySupervisor(), result.records),
