@@ -242,8 +242,8 @@ class Monitor:
                                    np.array([p.time_from_start.sec + p.time_from_start.nanosec / 1e9
                                              for p in msg.points]),
                                    np.array([list(p.positions) for p in msg.points]), arrived_ns))
-            self.first_stamp_ns = self.first_stamp_ns or stamp_ns
-            self.last_stamp_ns = stamp_ns
+            self.first_stamp_ns = self.first_stamp_ns or stamp_ns or arrived_ns
+            self.last_stamp_ns = stamp_ns or arrived_ns
             self._received.append((arrived_ns or stamp_ns, serialize_message(msg)))
 
     def _on_diagnostics(self, msg) -> None:
@@ -445,7 +445,7 @@ def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote:
          f"{diag.get('ticks', '?')} ticks, "
          f"cache hit rate {float(diag.get('cache_hit_rate', 0)):.0%}, latency p50 "
          f"{ms_text(diag.get('latency_total_p50_ms'))} / p95 {ms_text(diag.get('latency_total_p95_ms'))}, "
-         f"skipped {diag.get('ticks_skipped', '?')}; stamps in bag time "
+         f"skipped {diag.get('ticks_skipped', '?')}; trajectories start in bag time "
          f"{(live['first_stamp_ns'] or 0) / 1e9:.1f} .. {(live['last_stamp_ns'] or 0) / 1e9:.1f} s")
     _say(f"offline: {summary['ticks']} ticks, {summary['published']} trajectories, cache hits "
          f"{summary['cache']['hits']} / misses {summary['cache']['misses']}, latency p50 "
