@@ -97,7 +97,8 @@ def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str
         times.append(message.timestamp_ns)
         positions.append(joint_positions(message.msg, joint_names, COMMAND_TOPIC))
     records = [TickRecord(time_ns=start, plan_start_ns=start, plan_times_sec=np.asarray(offsets, dtype=np.float64),
-                          plan_positions=np.asarray(points, dtype=np.float64), publish_ns=int(arrived[0]) if arrived else 0)
+                          plan_positions=np.asarray(points, dtype=np.float64),
+                          publish_ns=int(arrived[0]) if arrived else 0)
                for start, offsets, points, *arrived in plans]
     joints = len(joint_names)
     result = ReplayResult(output=bag, records=records, joint_names=list(joint_names),

@@ -15,7 +15,8 @@ What it fits. One sample per recorded joint state at time tau (the ticks the nod
 - inputs: the newest frame of each camera at or before tau, the instruction, the joint state at tau;
 - targets: the recorded command at ``origin + (i + 1) * DEMO_ACTION_PERIOD_SEC`` for i < chunk_size, where
   ``origin`` is the newest camera stamp: the time the node's chunks count from in either stamp mode
-  (handover.py), so a published point i is due exactly when its target was recorded. Past the end of the recording the last command is repeated (np.interp).
+  (handover.py), so a published point i is due exactly when its target was recorded. Past the end of the
+  recording the last command is repeated (np.interp).
 
 The loss is pi0's flow matching exactly as lerobot and openpi train it (``flow_matching_loss`` in
 policy/families/pi0/training.py, with pi0's training forward), the
