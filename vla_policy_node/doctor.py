@@ -258,7 +258,7 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
         diagnosis.say(f'GPU, bf16: model {_mib(bf16_bytes)} (the parts the family keeps in fp32 counted so) + cache '
                       f'{_mib(cache)} = {_mib(bf16_bytes + cache)}, plus the CUDA context and activations')
 
-    diagnosis.section('a parameter block to start from (README "Choosing the control parameters")')
+    diagnosis.section('a parameter block to start from (docs/parameters.md, "Choosing the control parameters")')
     diagnosis.lines += suggested_parameters(folder, config, fps, latency_ms)
     return diagnosis
 
