@@ -208,3 +208,27 @@ def test_a_repeated_observation_after_the_chunk_ran_out_is_computed_again(runtim
     # chunk of a frame that old is all due: chunk_elapsed, a fault).
     outcome = engine.run(buf, settings, NOW + end * PERIOD)
     assert outcome.skip is not None and outcome.skip.reason is SkipReason.CHUNK_ELAPSED
+
+
+def test_diagnostics_show_the_camera_clock_and_a_repeated_observation_is_no_warning(runtime):
+    pytest.importorskip('diagnostic_msgs')
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from vla_policy_node.ros.diagnostics import PolicyReport, diagnostics_msg
+    settings = _settings(runtime, max_image_age_sec=5.0, max_joint_state_age_sec=5.0)
+    engine = TickEngine(runtime)
+    engine.activate(NOW)
+    buf = InputBuffer()
+    for entry in settings.layout.cameras:          # a camera machine whose clock is 30 s ahead of the node's
+        buf.put(entry, _image(header=_header(NOW + 30 * NS)), NOW)
+    buf.put(settings.layout.joint_states, SimpleNamespace(header=_header(NOW), name=JOINTS, position=[0.0] * 6), NOW)
+    buf.put(settings.layout.instruction, SimpleNamespace(data='pick it up'), NOW)
+    assert engine.run(buf, settings, NOW + PERIOD).publish is not None
+    assert engine.run(buf, settings, NOW + 2 * PERIOD).skip.reason is SkipReason.REPEATED_OBSERVATION
+    snapshot = engine.stats.snapshot()
+    report = PolicyReport(name='policy', lifecycle='active', configure_error='', new_skips=snapshot.faults_total,
+                          stats=snapshot)
+    status = diagnostics_msg(NOW, report).status[0]
+    values = {pair.key: pair.value for pair in status.values}
+    assert values['camera_clock'] == 'receive' and settings.layout.cameras[0].topic in values['camera_clock_reason']
+    assert values['skipped_repeated_observation'] == '1' and 'last_skip' not in values
+    assert status.level == DiagnosticStatus.OK

@@ -283,9 +283,13 @@ def camera_clock_choice(limits: TimingLimits, delays: Mapping[str, Optional[int]
         topic = topics.get(camera, camera)
         if delay is None:
             return CameraClock('receive', f'auto: the frames on {topic} carry no header stamp')
-        if delay < -CLOCK_SLACK_SEC * NS_PER_SEC or delay > limits.max_image_age_sec * NS_PER_SEC:
-            return CameraClock('receive', f'auto: frames on {topic} arrive {delay / NS_PER_SEC:+.3f} s after their '
+        if delay < -CLOCK_SLACK_SEC * NS_PER_SEC:
+            return CameraClock('receive', f'auto: frames on {topic} arrive {-delay / NS_PER_SEC:.3f} s before their '
                                           'stamp: the camera stamps in another clock')
+        if delay > limits.max_image_age_sec * NS_PER_SEC:
+            return CameraClock('receive', f'auto: frames on {topic} arrive {delay / NS_PER_SEC:.3f} s after their '
+                                          'stamp at the soonest (over max_image_age_sec): the camera stamps in '
+                                          'another clock')
     return CameraClock('header', 'auto: the camera stamps are on the node\'s clock (every frame arrives after its '
                                  'stamp, within max_image_age_sec)')
 
