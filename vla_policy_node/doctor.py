@@ -296,7 +296,7 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
                       f'{_mib(cache)} = {_mib(bf16_bytes + cache)}, plus the CUDA context and activations')
         _memory_per_mode(diagnosis, family, config, cache, quantization)
 
-    diagnosis.section('a parameter block to start from (README "Choosing the control parameters")')
+    diagnosis.section('a parameter block to start from (docs/parameters.md, "Choosing the control parameters")')
     diagnosis.lines += suggested_parameters(folder, config, fps, latency_ms)
     return diagnosis
 
