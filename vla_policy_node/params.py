@@ -117,6 +117,13 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'configure warm-up, or a device without CUDA, fails configure), off (eager). Default off until '
               'measured on a GPU.',
               read_only=True, choices=('auto', 'on', 'off')),
+    ParamSpec('quantization', 'none', 'string',
+              'Weights of the transformer blocks (and the token table): none; int8_weights (per-channel int8, '
+              'activations in dtype: about half the bf16 weight bytes, any CUDA device incl. Jetson Orin, or '
+              'the CPU); fp8 (e4m3 weights and per-token activations through torch._scaled_mm: CUDA compute '
+              'capability >= 8.9 only, elsewhere configure fails naming the device; on device cpu a slow '
+              'reference for accuracy checks). docs/precision.md.',
+              read_only=True, choices=('none', 'int8_weights', 'fp8')),
     ParamSpec('autostart', True, 'bool',
               'Configure and activate on start-up (no lifecycle manager needed).', read_only=True),
     # --- topics (need a restart) ---

@@ -142,6 +142,7 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'],
                                          cuda_graphs=values['cuda_graphs'],
+                                         quantization=values['quantization'],
                                          **{name: values[name] for name in FAMILY_OPTIONS})
 
 
