@@ -23,7 +23,8 @@ RCL_REFUSES = '/**:\n  ros__parameters: 5\n'
 def _run(script, arguments, cwd):
     env = dict(os.environ, ROS_DOMAIN_ID=str(random.randint(100, 200)), ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST')
     assert (BIN / script).exists(), f'{script} is not installed in {BIN}'
-    return subprocess.run([str(BIN / script)] + arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(BIN / script)] + arguments, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
 
 
 def _lines(text):
