@@ -96,10 +96,20 @@ def ros_env(domain_id: int, log_dir: Path) -> Dict[str, str]:
 
 
 # ---- params ------------------------------------------------------------------------------------
+LOADED_MACHINE_AGE_SEC = 2.0
+LOADED_MACHINE_FAULT_HOLD_SEC = 3.0
+
+
 def base_params(checkpoint: Path, **overrides) -> Dict[str, object]:
+    # The age and no-trajectory limits are wider than the shipped ones (0.5 s, 0.5 s, 1 s): on a loaded
+    # 2-core machine the rig's streaming thread or the node's executor can stall for most of a second,
+    # and a test that is not about staleness must not see that stall as a camera fault and a hold.
+    # Tests about those faults set the limits they exercise.
     params: Dict[str, object] = {
         'checkpoint_path': str(checkpoint), 'joint_names': list(JOINTS), 'instruction': INSTRUCTION,
         'control_rate_hz': 10.0, 'action_period_sec': 0.1, 'seed': 0, 'diagnostics_period_sec': 0.25,
+        'max_image_age_sec': LOADED_MACHINE_AGE_SEC, 'max_joint_state_age_sec': LOADED_MACHINE_AGE_SEC,
+        'fault_hold_after_sec': LOADED_MACHINE_FAULT_HOLD_SEC,
     }
     params.update(overrides)
     return params
@@ -242,15 +252,16 @@ def check_jtc(msg: JointTrajectory, joint_names: Sequence[str] = JOINTS, points:
                                   f'{end_ns} ns, received at {now_ns} ns')
 
 
-def check_chunk_timing(msg: JointTrajectory, execute_steps: int, dt: float, max_elapsed: int = 3) -> None:
+def check_chunk_timing(msg: JointTrajectory, execute_steps: int, dt: float) -> None:
     """stamp zero: the actions not yet due when the chunk was published, timed from publication.
 
     Points are dt apart; the first is due within (0, dt] (it is the first action not yet due); the
-    ones that fell due during inference (a few at most, on a loaded machine) are not published.
+    ones that fell due during inference are not published. How many fell due depends on how long the
+    tick took, which a loaded machine stretches: any count from none to all but one is correct.
     """
     check_jtc(msg, JOINTS, zero_stamp=True)
     times = times_of(msg)
-    assert execute_steps - max_elapsed <= len(times) <= execute_steps, times
+    assert 1 <= len(times) <= execute_steps, times
     assert 0 < times[0] <= dt + 1e-9, times
     assert times == pytest.approx([times[0] + k * dt for k in range(len(times))], abs=1e-6)
 

@@ -93,8 +93,11 @@ def test_remote_node_publishes_local_trajectories_holds_when_the_server_dies_and
         back = rig.trajectory_count()
         resumed = wait_for_policy_trajectories(rig, 2, timeout=60, since=back)
         assert np.array_equal(positions_of(resumed[-1]), expected)
-        diag = rig.wait_for_diagnostics(lambda d: int(d.get('remote_reconnects', 0)) >= 1, timeout=10)
-        assert diag['supervisor_state'] == 'active' and node.alive()
+        # The hold is released by the first good tick; a status sent between the reconnect and that tick
+        # still says held, so wait for one that says both.
+        rig.wait_for_diagnostics(lambda d: int(d.get('remote_reconnects', 0)) >= 1
+                                 and d.get('supervisor_state') == 'active', timeout=10)
+        assert node.alive()
     finally:
         rig.stop_streaming()
         node.stop()

@@ -293,7 +293,7 @@ def run_live(paths: Dict[str, Path], run: Path, rate: float,
     shutil.rmtree(live_bag, ignore_errors=True)
     log_path = run / 'node.log'
     # Keep the demo's DDS traffic on this machine, and let camera frames through whatever their size
-    # (Fast DDS's default UDP transport drops most large frames; README "Troubleshooting"). Both before
+    # (Fast DDS's default UDP transport drops most large frames; docs/troubleshooting.md). Both before
     # rclpy reads the environment and before the node inherits it.
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
     os.environ.setdefault('FASTDDS_BUILTIN_TRANSPORTS', 'LARGE_DATA')
@@ -399,7 +399,7 @@ def closing_note(policy: str, checkpoint: Path) -> str:
             f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0, pi0.5 or '
             'SmolVLA pretrained_model folder), tokenizer_path, joint_names and the camera topics, then:\n'
             '  vla_policy_node --ros-args --params-file robot.yaml\n'
-            '(README: "Getting a real checkpoint"; the console scripts are in .venv/bin: `. .venv/bin/activate`).')
+            '(docs/checkpoints.md; the console scripts are in .venv/bin: `. .venv/bin/activate`).')
 
 
 def _run(paths: Dict[str, Path], run: Path, args: argparse.Namespace, remote: Optional[Dict[str, object]]) -> int:

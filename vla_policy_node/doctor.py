@@ -265,7 +265,7 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
 
     diagnosis.section('action period')
     fps, origin = action_rate(diagnosis, folder, fps)
-    diagnosis.section('a parameter block to start from (README "Choosing the control parameters")')
+    diagnosis.section('a parameter block to start from (docs/parameters.md, "Choosing the control parameters")')
     diagnosis.lines += suggested_parameters(folder, config, fps, latency_ms, origin)
     return diagnosis
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..images import DEFAULT_MAX_PIXELS
 from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
-from ..runtime import ActionChunk, checked_instruction, checked_state
+from ..observation_checks import checked_instruction, checked_state
+from ..runtime import ActionChunk
 from ..wire import codec
 from .connection import Connection, public_url
 from ..wire.errors import BAD_REPLY, ERROR_FRAME, KINDS, RemoteError

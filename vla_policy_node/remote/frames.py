@@ -13,21 +13,19 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..images import ImageDecodeError, check_frame, decode_frame, frame_from_msg
+from ..images import ImageDecodeError, decode_frame
 from ..observation import ObservationError, SkipReason
-from ..runtime import check_rgb_array
+from ..observation_checks import checked_frame
 
 
 def rgb_frame(name: str, frame: Any, max_pixels: int) -> np.ndarray:
     """A camera input (ROS message, RawImage, CompressedFrame or RGB array) -> uint8 [H, W, 3], checked
     before anything is decoded (ObservationError bad_image otherwise)."""
-    if isinstance(frame, np.ndarray):
-        check_rgb_array(name, frame, max_pixels)
-        return frame
+    checked = checked_frame(name, frame, max_pixels)
+    if isinstance(checked, np.ndarray):
+        return checked
     try:
-        decoded = frame_from_msg(frame)
-        check_frame(decoded, max_pixels)
-        pixels = decode_frame(decoded)
+        pixels = decode_frame(checked)
     except ImageDecodeError as exc:
         raise ObservationError(f'images.{name}', str(exc), SkipReason.BAD_IMAGE) from exc
     return np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
