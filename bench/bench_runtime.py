@@ -73,8 +73,9 @@ def bench_config(preset_name: str, depth: int):
 
 
 def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, scratch: Path,
-                   depth: int) -> PolicyRuntime:
-    """A runtime over a randomly initialised model, built on the device directly (no checkpoint file)."""
+                   depth: int, quantization: str = 'none') -> PolicyRuntime:
+    """A runtime over a randomly initialised model, built on the device directly (no checkpoint file); the same
+    weights for every dtype and ``quantization`` (generator seeded 0)."""
     config = bench_config(preset_name, depth)
     family = family_class(config.policy_type)
     tokenizer = family.tokenizer_class.from_path(family.build_test_tokenizer(scratch / preset_name, 512))
@@ -96,7 +97,7 @@ def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, s
     state = FeatureNormalizer('observation.state', 'MEAN_STD', norm_statistics(config.state_dim, 0.5))
     action = FeatureNormalizer('action', 'MEAN_STD', norm_statistics(config.action_dim, 0.2))
     policy = family(config, model, state, action, tokenizer, Path('random'))
-    return PolicyRuntime(policy, model_revision=f'random-{preset_name}')
+    return PolicyRuntime(policy, model_revision=f'random-{preset_name}', quantization=quantization)
 
 
 def _fuse(model: torch.nn.Module) -> None:

@@ -371,7 +371,7 @@ def test_diagnostics_label_the_clock_and_show_the_fast_path(tiny_checkpoint):  #
     stats = TickStats()
 
     class Outcome:
-        skip = plan = handover = None
+        skip = plan = handover = assembled = None
         chunk = runtime.infer(make_observation(), seed=0)
         delay = 0
 

@@ -186,6 +186,32 @@ def test_repeated_observation_is_a_cache_hit_with_identical_trajectory(live):
     assert groups[-1][1] >= 4
 
 
+@pytest.mark.timeout(60)
+def test_a_repeated_observation_publishes_nothing_and_is_no_fault(live):
+    """Inputs stop (a camera and joint states that repeat their last message): the executing chunk goes on,
+    each tick is counted as repeated_observation, nothing is published, nothing holds, /diagnostics stays OK.
+    The camera clock choice is on /diagnostics: the rig stamps with the node's (wall) clock."""
+    node, rig = live
+    diag = rig.wait_for_diagnostics(lambda d: 'camera_clock' in d)
+    assert diag['camera_clock'] == 'header' and "node's clock" in diag['camera_clock_reason'], diag
+    # Long enough that the frames stay fresh and the chunk (10 actions) keeps executing through the test.
+    results = rig.set_parameters(max_image_age_sec=30.0, max_joint_state_age_sec=30.0, action_period_sec=0.5)
+    try:
+        assert all(r.successful for r in results), results
+        rig.wait_for_trajectories(2, timeout=10, since=rig.trajectory_count())     # the new settings' chunks
+        rig.stop_streaming()
+        time.sleep(0.8)                       # the tick in flight, and the one that sees the last inputs
+        since = rig.trajectory_count()
+        before = diag_int(rig.wait_for_diagnostics(lambda d: 'ticks' in d), 'skipped_repeated_observation')
+        after = rig.wait_for_diagnostics(
+            lambda d: diag_int(d, 'skipped_repeated_observation') >= before + 3, timeout=20)
+        assert rig.trajectories_since(since) == [], 'a repeated observation published (or held)'
+        assert after['supervisor_state'] == 'active' and after['level'] == DiagnosticStatus.OK, after
+    finally:
+        rig.set_parameters(max_image_age_sec=0.5, max_joint_state_age_sec=0.5, action_period_sec=0.1)
+        rig.start_streaming()
+
+
 # ---- parameters ---------------------------------------------------------------------------------------
 def wait_until_points(rig, predicate, timeout=10.0):
     """Trajectories after a parameter change: one may be in flight; then all must match."""

@@ -127,11 +127,58 @@ def test_camera_stale():
     assert (skip.reason, skip.topic) == ('camera_stale', TOPICS[1]) and TOPICS[1] in str(skip)
 
 
-def test_camera_future():
+@pytest.mark.parametrize('limits', [replace(LIMITS, camera_clock='header'), replace(LIMITS, sim_time=True)],
+                         ids=['header', 'auto under use_sim_time'])
+def test_camera_future(limits):
     buf = buffer()
     buf.put(CAMERA[CAMERAS[0]], image(NOW + 2 * NS), NOW)
-    skip = skip_of(buf)
+    skip = skip_of(buf, limits)
     assert (skip.reason, skip.topic) == ('camera_future', TOPICS[0]) and TOPICS[0] in str(skip)
+
+
+def test_auto_times_a_camera_on_another_clock_by_receive_time():
+    """A frame stamped 2 s after it arrived is on another clock: auto says so and times frames by arrival."""
+    buf = buffer()
+    buf.put(CAMERA[CAMERAS[0]], image(NOW + 2 * NS), NOW)
+    assembled = assemble(buf)
+    assert assembled.clock.name == 'receive' and TOPICS[0] in assembled.clock.reason
+    assert assembled.stamp_ns == NOW and assembled.camera_ages_sec[CAMERAS[0]] == 0.0
+    # The same frames on the node's clock (all arrive after their stamps): header.
+    assert assemble(buffer()).clock.name == 'header' and 'node' in assemble(buffer()).clock.reason
+
+
+def test_receive_clock_takes_off_the_delay_beyond_the_cameras_smallest():
+    """Camera stamps 100 s behind the node: a frame's time is its arrival less what it was late beyond the
+    fastest recent frame of its camera; the age and staleness checks run in that time."""
+    limits = replace(LIMITS, camera_clock='receive')
+    buf = buffer(cameras=False)
+    offset = 100 * NS
+    for name in CAMERAS:                      # the fastest frames: 20 ms after their (shifted) stamps
+        buf.put(CAMERA[name], image(NOW - offset - 20_000_000), NOW)
+    buf.put(CAMERA[CAMERAS[0]], image(NOW - offset - 50_000_000), NOW)     # this one arrived 30 ms late
+    assembled = assemble(buf, limits)
+    assert assembled.clock.name == 'receive' and assembled.clock.reason == 'camera_clock receive'
+    assert assembled.camera_ages_sec[CAMERAS[0]] == pytest.approx(0.03)
+    assert assembled.camera_ages_sec[CAMERAS[1]] == pytest.approx(0.0)
+    assert assembled.stamp_ns == NOW
+    assert skip_of(buf, limits, NOW + 600_000_000).reason == 'camera_stale'
+    # camera_clock header would call every frame 100 s old.
+    assert skip_of(buf, replace(LIMITS, camera_clock='header')).reason == 'camera_stale'
+
+
+def test_an_observation_repeats_with_the_same_frames_joints_and_instruction():
+    first = assemble(buffer())
+    assert first.repeats(first, 0.0)
+    again = buffer()
+    again.put(LAYOUT.joint_states, joints(positions=(0.1, 0.2, 0.3 + 5e-4)), NOW)
+    assert assemble(again).repeats(first, 1e-3) and not assemble(again).repeats(first, 1e-4)
+    later = buffer()
+    later.put(CAMERA[CAMERAS[1]], image(NOW + 1), NOW)       # the same pixels, a later frame: new
+    assert not assemble(later).repeats(first, 1e-3)
+    other = buffer()
+    other.put(CAMERA[CAMERAS[1]], image(data=bytes(72)), NOW)     # the same stamp, other pixels: new
+    assert not assemble(other).repeats(first, 1e-3)
+    assert not assemble(buffer(instruction='put it down')).repeats(first, 1e-3)
 
 
 def test_camera_skew():

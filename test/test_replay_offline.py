@@ -116,9 +116,10 @@ def test_simulated_latency_is_deterministic_and_rtc_hands_over_smoothly(bag, che
         assert summary['simulated_latency_ms'] == 250.0 and summary['handover']['count'] > 0
         assert (tmp_path / name / 'handover.png').read_bytes()[:4] == b'\x89PNG'
         for timestamp_ns, msg in _trajectories(tmp_path / name):
-            # Written when published (250 ms after the tick); the 2 actions due by then are not in it.
+            # Written when published (250 ms after the tick). Its actions count from the frame, 100 or 200 ms
+            # old at the tick (5 Hz cameras): the 3 or 4 due by publication are not in it.
             assert (timestamp_ns - spec.start_time_ns) % (NS // 10) == 250_000_000 % (NS // 10)
-            assert len(msg.points) == 8 and abs(_point_times(msg)[0] - 0.05) < 1e-6
+            assert len(msg.points) in (6, 7) and abs(_point_times(msg)[0] - 0.05) < 1e-6
     assert runs['rtc'].summary['chunks_continued'] > 0 and runs['independent'].summary['chunks_continued'] == 0
     rtc_jump = runs['rtc'].summary['handover']['jump_max']['p50']
     assert rtc_jump < 0.5 * runs['independent'].summary['handover']['jump_max']['p50']

@@ -66,3 +66,15 @@ def test_handover_jump_axis_has_a_unit_and_starts_at_zero(tmp_path):
     assert '[rad]' in jump_axis.get_ylabel()
     low, high = jump_axis.get_ylim()
     assert low == 0 and high >= 0.29
+
+
+def test_handover_legend_sits_above_the_panels_and_counts_the_repeated_observations(tmp_path):
+    result = _result(tmp_path)
+    result.records.append(TickRecord(time_ns=40 * NS // 10, skipped='repeated_observation'))
+    fig = handover_figure(result)
+    fig.canvas.draw()
+    legend = fig.legends[0]
+    assert legend.get_window_extent().y0 >= fig.axes[0].get_window_extent().y1
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert 'where a new trajectory takes over' in labels
+    assert any('(29; 1 repeated observations published nothing)' in label for label in labels), labels

@@ -113,3 +113,122 @@ def test_snapshots_stay_consistent_while_ticks_record_new_reasons():
     stop.set()
     writer.join()
     assert errors == []
+
+
+# ---- time origin and repeated observations -----------------------------------------------------------------
+PERIOD = NS // 10
+
+
+def _buffer_at(settings, frame_ns, positions=(0.0,) * 6, data=bytes(range(192))):
+    """Frames stamped (and received) at ``frame_ns``, a joint state and the instruction received then too."""
+    buf = InputBuffer()
+    for entry in settings.layout.cameras:
+        buf.put(entry, _image(header=_header(frame_ns), data=data), frame_ns)
+    buf.put(settings.layout.joint_states, SimpleNamespace(header=_header(frame_ns), name=JOINTS,
+                                                          position=list(positions)), frame_ns)
+    buf.put(settings.layout.instruction, SimpleNamespace(data='pick it up'), frame_ns)
+    return buf
+
+
+def _due_ns(plan, publish_ns):
+    return (plan.stamp_ns or publish_ns) + np.round(plan.times_sec * NS).astype(np.int64)
+
+
+@pytest.mark.parametrize('latency_ns', [0, 120_000_000])
+def test_both_stamp_modes_time_every_action_from_the_observation(runtime, latency_ns):
+    """A frame 150 ms old at the tick: action i is due at the frame's stamp + (i + 1) * period in both modes;
+    zero leaves out the actions due by publication, observation stamps every one at the frame."""
+    frame_ns, tick_ns = NOW - 150_000_000, NOW
+    plans = {}
+    for mode in ('zero', 'observation'):
+        settings = _settings(runtime, stamp_mode=mode)
+        engine = TickEngine(runtime)
+        engine.activate(frame_ns)
+        outcome = engine.run(_buffer_at(settings, frame_ns), settings, tick_ns, clock=lambda: tick_ns + latency_ns)
+        assert outcome.origin_ns == frame_ns and outcome.assembled.clock.name == 'header'
+        plans[mode] = (outcome.publish, _due_ns(outcome.publish, tick_ns + latency_ns))
+    elapsed = (150_000_000 + latency_ns) // PERIOD
+    zero, zero_due = plans['zero']
+    stamped, stamped_due = plans['observation']
+    assert zero.stamp_ns == 0 and zero.first_action == elapsed
+    assert stamped.stamp_ns == frame_ns and stamped.first_action == 0
+    expected = frame_ns + (np.arange(stamped.positions.shape[0]) + 1) * PERIOD
+    np.testing.assert_array_equal(stamped_due, expected)
+    np.testing.assert_array_equal(zero_due, expected[elapsed:])
+    np.testing.assert_allclose(zero.positions, stamped.positions[elapsed:])
+    assert zero_due[0] > tick_ns + latency_ns >= expected[elapsed - 1]
+
+
+@pytest.mark.parametrize('overrides', [dict(seed=0), dict(seed=-1), dict(seed=0, chunking='rtc'),
+                                       dict(seed=-1, chunking='rtc')],
+                         ids=['independent-seed', 'independent-fresh', 'rtc-seed', 'rtc-fresh'])
+def test_a_repeated_observation_keeps_the_executing_chunk_without_a_fault(runtime, overrides):
+    """The same frames, joints and instruction again (5 Hz cameras, 10 Hz ticks, or a camera that stopped):
+    no new chunk, no re-timing, no hold (on_fault hold, and longer than fault_hold_after_sec); the chunk goes
+    on. A joint that moved, a new frame, another seed: a new chunk."""
+    settings = _settings(runtime, max_image_age_sec=5.0, max_joint_state_age_sec=5.0, fault_hold_after_sec=0.3,
+                         **overrides)
+    engine = TickEngine(runtime)
+    engine.activate(NOW)
+    buf = _buffer_at(settings, NOW)
+    first = engine.run(buf, settings, NOW + PERIOD)
+    assert first.publish is not None
+    executing = engine.handover.executing
+    horizon = executing.end
+    for k in range(2, horizon):                  # until its last action falls due
+        outcome = engine.run(buf, settings, NOW + k * PERIOD)
+        assert outcome.skip is not None and outcome.skip.reason is SkipReason.REPEATED_OBSERVATION
+        assert not outcome.skip.reason.fault and outcome.publish is None and outcome.chunk is None
+        assert outcome.review.kind is None
+    assert engine.handover.executing is executing and engine.supervisor.label == 'active'
+    assert engine.stats.skipped == {'repeated_observation': horizon - 2} and engine.stats.chunks == 1
+    assert engine.stats.last_skip is None and engine.stats.snapshot().faults_total == 0
+    # Each of these is new information: a chunk goes out.
+    moved = _buffer_at(settings, NOW, positions=(0.01,) + (0.0,) * 5)
+    for changed_buf, changed_settings in ((moved, settings), (buf, _settings(
+            runtime, max_image_age_sec=5.0, max_joint_state_age_sec=5.0, fault_hold_after_sec=0.3,
+            **dict(overrides, seed=5)))):
+        engine = TickEngine(runtime)
+        engine.activate(NOW)
+        assert engine.run(buf, settings, NOW + PERIOD).publish is not None
+        outcome = engine.run(changed_buf, changed_settings, NOW + 2 * PERIOD)
+        assert outcome.skip is None and outcome.publish is not None and outcome.origin_ns == NOW
+    newer = _buffer_at(settings, NOW + 2 * PERIOD)
+    assert engine.run(newer, settings, NOW + 3 * PERIOD).publish is not None
+
+
+def test_a_repeated_observation_after_the_chunk_ran_out_is_computed_again(runtime):
+    settings = _settings(runtime, max_image_age_sec=5.0, max_joint_state_age_sec=5.0, stamp_mode='observation')
+    engine = TickEngine(runtime)
+    engine.activate(NOW)
+    buf = _buffer_at(settings, NOW)
+    assert engine.run(buf, settings, NOW + PERIOD).publish is not None
+    end = engine.handover.executing.end
+    # Its last action is due at NOW + end * PERIOD: from then on nothing executes; the tick computes (and a
+    # chunk of a frame that old is all due: chunk_elapsed, a fault).
+    outcome = engine.run(buf, settings, NOW + end * PERIOD)
+    assert outcome.skip is not None and outcome.skip.reason is SkipReason.CHUNK_ELAPSED
+
+
+def test_diagnostics_show_the_camera_clock_and_a_repeated_observation_is_no_warning(runtime):
+    pytest.importorskip('diagnostic_msgs')
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from vla_policy_node.ros.diagnostics import PolicyReport, diagnostics_msg
+    settings = _settings(runtime, max_image_age_sec=5.0, max_joint_state_age_sec=5.0)
+    engine = TickEngine(runtime)
+    engine.activate(NOW)
+    buf = InputBuffer()
+    for entry in settings.layout.cameras:          # a camera machine whose clock is 30 s ahead of the node's
+        buf.put(entry, _image(header=_header(NOW + 30 * NS)), NOW)
+    buf.put(settings.layout.joint_states, SimpleNamespace(header=_header(NOW), name=JOINTS, position=[0.0] * 6), NOW)
+    buf.put(settings.layout.instruction, SimpleNamespace(data='pick it up'), NOW)
+    assert engine.run(buf, settings, NOW + PERIOD).publish is not None
+    assert engine.run(buf, settings, NOW + 2 * PERIOD).skip.reason is SkipReason.REPEATED_OBSERVATION
+    snapshot = engine.stats.snapshot()
+    report = PolicyReport(name='policy', lifecycle='active', configure_error='', new_skips=snapshot.faults_total,
+                          stats=snapshot)
+    status = diagnostics_msg(NOW, report).status[0]
+    values = {pair.key: pair.value for pair in status.values}
+    assert values['camera_clock'] == 'receive' and settings.layout.cameras[0].topic in values['camera_clock_reason']
+    assert values['skipped_repeated_observation'] == '1' and 'last_skip' not in values
+    assert status.level == DiagnosticStatus.OK

@@ -13,10 +13,16 @@
    the random weights, and prints each one's per-joint error against the recorded command (and the
    live run's).
 
-The inputs (sample bag, random-weight checkpoints) are shared in ``--output``. What a run writes (``node.log``,
-``live_trajectories/``, ``report/``, ``report_random/``, ``serve.log``) goes to its kind's own folder, so no
-run overwrites another's: ``--output`` itself for the trained default, ``<output>/<policy>/`` for another
-policy, ``<output>/remote/`` or ``<output>/<policy>_remote/`` with --remote (``run_folder``).
+The inputs (sample bag, random-weight checkpoints) are shared in ``--output``. What a run writes
+(``node.log``, ``live_trajectories/``, ``report/``, ``report_observation/``, ``report_random/``,
+``serve.log``) goes to its kind's own folder, so no run overwrites another's: ``--output`` itself for the
+trained default, ``<output>/<policy>/`` for another policy, ``<output>/remote/`` or
+``<output>/<policy>_remote/`` with --remote (``run_folder``).
+
+The node runs the shipped parameters as shipped (config/demo.yaml sets the checkpoint, joints, rates and
+seed, and stamp_mode stays zero): every chunk counts from its observation in both stamp modes, so the
+offline evaluation once more with stamp_mode observation (printed beside it, ``report_observation/``) shows
+the same error. The error is measured on the bag the policy was trained on.
 
 ``--policy pi0|pi05|smolvla`` runs a tiny RANDOM-weight checkpoint of that family instead of the trained
 default (the plumbing of that family, meaningless actions). With ``--remote`` the checkpoint is served by
@@ -44,11 +50,12 @@ SHIPPED_PARAMS = ROOT / 'config' / 'vla_policy.yaml'
 TRAJECTORY_TYPE = 'trajectory_msgs/msg/JointTrajectory'
 ACTIVE_TIMEOUT_SEC = 120.0
 DEMO_CHECKPOINT = 'builtin:demo'
-# Chunks count from the newest camera stamp, live (node_command) and offline alike: the trained default
-# learned the recorded command from there (train_demo.py), and live trajectories are then in bag time.
-DEMO_OVERRIDES = {'stamp_mode': 'observation'}
-# (trajectory stamp ns, time_from_start [K] s, positions [K, J]) of one published chunk.
-Plan = Tuple[int, np.ndarray, np.ndarray]
+# (start ns: the trajectory's stamp, or when it arrived for a zero stamp; time_from_start [K] s; positions
+# [K, J]; when it arrived, ns, optional) of one published chunk, in bag time.
+Plan = Tuple
+# The stamp mode the offline evaluation is run with once more, for comparison (chunks count from their
+# observation in both modes, so both errors are alike).
+COMPARED_STAMP_MODE = {'stamp_mode': 'observation'}
 
 
 def _say(text: str) -> None:
@@ -82,8 +89,9 @@ def prepare(output: Path, policy: str = 'demo') -> Dict[str, Path]:
 
 
 def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str]) -> Optional[Dict[str, Any]]:
-    """Per joint: RMSE/MAE of published chunks (stamped at their origin in bag time) against the bag's
-    recorded command, exactly as the offline report computes it (replay/report.py command_error)."""
+    """Per joint: RMSE/MAE of published chunks (from their start in bag time; points already due when one
+    arrived, where that is known, left out) against the bag's recorded command, exactly as the offline report
+    computes it (replay/report.py command_error)."""
     from .observation import joint_positions
     from .replay.bag_io import read_messages
     from .replay.make_bag import COMMAND_TOPIC
@@ -93,8 +101,10 @@ def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str
     for message in read_messages(bag, [COMMAND_TOPIC]):
         times.append(message.timestamp_ns)
         positions.append(joint_positions(message.msg, joint_names, COMMAND_TOPIC))
-    records = [TickRecord(time_ns=stamp, plan_start_ns=stamp, plan_times_sec=np.asarray(offsets, dtype=np.float64),
-                          plan_positions=np.asarray(points, dtype=np.float64)) for stamp, offsets, points in plans]
+    records = [TickRecord(time_ns=start, plan_start_ns=start, plan_times_sec=np.asarray(offsets, dtype=np.float64),
+                          plan_positions=np.asarray(points, dtype=np.float64),
+                          publish_ns=int(arrived[0]) if arrived else 0)
+               for start, offsets, points, *arrived in plans]
     joints = len(joint_names)
     result = ReplayResult(output=bag, records=records, joint_names=list(joint_names),
                           recorded_times_ns=np.zeros(0, dtype=np.int64), recorded_positions=np.zeros((0, joints)),
@@ -111,22 +121,25 @@ def _ratio_title(a: str, b: str) -> str:
     return f"{' '.join(a_words)}/{' '.join(b_words)}"
 
 
-def error_table(columns: Dict[str, Optional[Dict[str, Any]]], ratio: Optional[Tuple[str, str]] = None) -> List[str]:
-    """Lines of a per-joint RMSE table, one column per run (None: no figures); ``ratio`` (a, b) adds a / b."""
+def error_table(columns: Dict[str, Optional[Dict[str, Any]]], ratio: Optional[Tuple[str, ...]] = None,
+                ratios: Sequence[Tuple[str, ...]] = ()) -> List[str]:
+    """Lines of a per-joint RMSE table, one column per run (None: no figures); each of ``ratio`` and ``ratios``,
+    (a, b) or (a, b, title), adds a column a / b. Each column as wide as its title."""
+    pairs = ([ratio] if ratio else []) + list(ratios)
     names = next((list(e) for e in columns.values() if e), [])
-    titles = list(columns) + ([_ratio_title(*ratio)] if ratio else [])
-    width = max(len(title) for title in titles) + 2
-    lines = [f"{'joint':<10}" + ''.join(f'{title:>{width}}' for title in titles)]
+    titles = list(columns) + [pair[2] if len(pair) > 2 else _ratio_title(*pair[:2]) for pair in pairs]
+    widths = [max(len(title), 6) + 2 for title in titles]
+    lines = [f"{'joint':<10}" + ''.join(f'{title:>{width}}' for title, width in zip(titles, widths))]
     for name in names + ['mean']:
         values: Dict[str, Optional[float]] = {}
         for title, errors in columns.items():
             values[title] = None if not errors else (
                 float(np.mean([e['rmse'] for e in errors.values()])) if name == 'mean' else errors[name]['rmse'])
-        cells = [f"{'-':>{width}}" if value is None else f'{value:>{width}.4f}' for value in values.values()]
-        if ratio:
-            a, b = values[ratio[0]], values[ratio[1]]
-            cells.append(f"{'-':>{width}}" if a is None or not b else f'{a / b:>{width}.1%}')
-        lines.append(f'{name:<10}' + ''.join(cells))
+        cells = [None if value is None else f'{value:.4f}' for value in values.values()]
+        for pair in pairs:
+            a, b = values[pair[0]], values[pair[1]]
+            cells.append(None if a is None or not b else f'{a / b:.1%}')
+        lines.append(f'{name:<10}' + ''.join(f"{cell or '-':>{width}}" for cell, width in zip(cells, widths)))
     return lines
 
 
@@ -135,7 +148,7 @@ def node_command(checkpoint: Path, remote: Optional[Dict[str, object]] = None) -
     launcher = [script] if script else [sys.executable, '-m', 'vla_policy_node.ros.main']
     extra = [arg for name, value in (remote or {}).items() for arg in ('-p', f'{name}:={value}')]
     return launcher + ['--ros-args', '--params-file', str(DEMO_PARAMS), '-p', f'checkpoint_path:={checkpoint}',
-                       '-p', 'use_sim_time:=true', '-p', 'stamp_mode:=observation',
+                       '-p', 'use_sim_time:=true',
                        '-p', f'diagnostics_period_sec:={DIAGNOSTICS_PERIOD_SEC}'] + extra
 
 
@@ -225,18 +238,20 @@ class Monitor:
         from rclpy.serialization import serialize_message
 
         stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        arrived_ns = self.node.get_clock().now().nanoseconds      # bag time (/clock): a zero stamp starts here
         with self._lock:
             self.trajectories += 1
             # A hold (one point, zero velocity) is the safety layer keeping the arm still, not a chunk.
             hold = len(msg.points) == 1 and not any(msg.points[0].velocities)
             self.holds += hold
             if not hold:
-                self.plans.append((stamp_ns, np.array([p.time_from_start.sec + p.time_from_start.nanosec / 1e9
-                                                       for p in msg.points]),
-                                   np.array([list(p.positions) for p in msg.points])))
-            self.first_stamp_ns = self.first_stamp_ns or stamp_ns
-            self.last_stamp_ns = stamp_ns
-            self._received.append((self.node.get_clock().now().nanoseconds or stamp_ns, serialize_message(msg)))
+                self.plans.append((stamp_ns or arrived_ns,
+                                   np.array([p.time_from_start.sec + p.time_from_start.nanosec / 1e9
+                                             for p in msg.points]),
+                                   np.array([list(p.positions) for p in msg.points]), arrived_ns))
+            self.first_stamp_ns = self.first_stamp_ns or stamp_ns or arrived_ns
+            self.last_stamp_ns = stamp_ns or arrived_ns
+            self._received.append((arrived_ns or stamp_ns, serialize_message(msg)))
 
     def _on_diagnostics(self, msg) -> None:
         for status in msg.status:
@@ -375,11 +390,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def run_folder(output: Path, policy: str, remote: bool) -> Path:
-    """Where one kind of run writes its node.log, live_trajectories/, report/, report_random/ and serve.log:
+    """Where one kind of run writes its node.log, live_trajectories/, report/, report_observation/, report_random/
+    and serve.log:
     ``output`` for the trained default (the README's paths), ``output/<policy>``, ``output/remote`` or
     ``output/<policy>_remote`` for the others."""
     name = ('' if policy == 'demo' else policy) + ('_remote' if remote else '')
     return output / name.lstrip('_') if name else output
+
+
+def summary_stamp_mode(params: Path) -> str:
+    """The stamp_mode a params file runs with (the table's default where the file sets none)."""
+    from .params import load_params_file, resolve_values
+    return str(resolve_values(load_params_file(params))['stamp_mode'])
 
 
 def closing_note(policy: str, checkpoint: Path) -> str:
@@ -408,13 +430,13 @@ def _run(paths: Dict[str, Path], run: Path, args: argparse.Namespace, remote: Op
     _say('[demo] offline evaluation of the same bag (same params, same tick path)')
     from .replay.offline import replay
 
-    report, random_report = run / 'report', run / 'report_random'
-    for folder in (report, random_report):
+    report, random_report, compared_report = run / 'report', run / 'report_random', run / 'report_observation'
+    for folder in (report, random_report, compared_report):
         shutil.rmtree(folder, ignore_errors=True)
-    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']),
-                    overrides=dict(DEMO_OVERRIDES, **(remote or {})))
-    random_result = replay(paths['bag'], DEMO_PARAMS, random_report, checkpoint=str(paths['random']),
-                           overrides=DEMO_OVERRIDES)
+    result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']), overrides=remote)
+    compared = replay(paths['bag'], DEMO_PARAMS, compared_report, checkpoint=str(paths['checkpoint']),
+                      overrides=dict(COMPARED_STAMP_MODE, **(remote or {})))
+    random_result = replay(paths['bag'], DEMO_PARAMS, random_report, checkpoint=str(paths['random']))
     summary = result.summary
     live_error = command_error_of(live['plans'], paths['bag'], result.joint_names) if live['plans'] else None
     total = summary['latency_ms'].get('total', {})
@@ -433,7 +455,7 @@ def _run(paths: Dict[str, Path], run: Path, args: argparse.Namespace, remote: Op
          f"{diag.get('ticks', '?')} ticks, "
          f"cache hit rate {float(diag.get('cache_hit_rate', 0)):.0%}, latency p50 "
          f"{ms_text(diag.get('latency_total_p50_ms'))} / p95 {ms_text(diag.get('latency_total_p95_ms'))}, "
-         f"skipped {diag.get('ticks_skipped', '?')}; stamps in bag time "
+         f"skipped {diag.get('ticks_skipped', '?')}; trajectories start in bag time "
          f"{(live['first_stamp_ns'] or 0) / 1e9:.1f} .. {(live['last_stamp_ns'] or 0) / 1e9:.1f} s")
     _say(f"offline: {summary['ticks']} ticks, {summary['published']} trajectories, cache hits "
          f"{summary['cache']['hits']} / misses {summary['cache']['misses']}, latency p50 "
@@ -442,14 +464,19 @@ def _run(paths: Dict[str, Path], run: Path, args: argparse.Namespace, remote: Op
     _say(f'node log: {live["log"]}')
     _say(f'report: {report}/ (summary.json, chunks.png, latency.png, handover.png, trajectories/)')
     _say(f'report of the random-weight pi0: {random_report}/')
-    _say('\nper-joint RMSE against the recorded /joint_command [rad], same bag, seed '
-         f"{summary['seed']}:")
+    _say('\nper-joint RMSE against the recorded /joint_command [rad], on the bag the policy was trained on, seed '
+         f"{summary['seed']}, stamp_mode {summary_stamp_mode(DEMO_PARAMS)} (shipped) unless named:")
     ran = 'trained' if args.policy == 'demo' else f'{args.policy} (random)'
-    # A ratio of two random models means nothing: only the trained default gets one.
-    ratio = (f'{ran} offline', 'pi0 random offline') if args.policy == 'demo' else None
-    for line in error_table({f'{ran} offline': summary['command_error'],
-                             'pi0 random offline': random_result.summary['command_error'],
-                             f'{ran} live': live_error}, ratio=ratio):
+    columns = {f'{ran} offline': summary['command_error'],
+               'observation offline': compared.summary['command_error'],
+               'pi0 random offline': random_result.summary['command_error'], f'{ran} live': live_error}
+    # The shipped stamp mode against observation, and the live run against the offline one; a ratio of two random
+    # models means nothing: only the trained default gets trained/random.
+    ratios = [(f'{ran} offline', 'observation offline', 'zero/observation'),
+              (f'{ran} live', f'{ran} offline', 'live/offline')]
+    if args.policy == 'demo':
+        ratios.insert(0, (f'{ran} offline', 'pi0 random offline', 'trained/random'))
+    for line in error_table(columns, ratios=ratios):
         _say('  ' + line)
     _say('\n' + closing_note(args.policy, paths['checkpoint']))
     return 0 if live['trajectories'] else 1

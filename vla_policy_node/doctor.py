@@ -1,6 +1,6 @@
 """Checkpoint doctor: what a lerobot ``pretrained_model/`` folder is, what the node would refuse, what it needs.
 
-    vla_policy_check_checkpoint DIR [--tokenizer PATH] [--fps 50] [--latency-ms 150]
+    vla_policy_check_checkpoint DIR [--tokenizer PATH] [--fps 50] [--latency-ms 150] [--quantization int8_weights]
 
 Every family of the registry (``policy/families``) through the family seam (policy/family.py):
 its field table, its folder config, its model class and weight keys, its tokenizer class and source. No GPU
@@ -11,7 +11,8 @@ small normalisation statistics and the tokenizer are read. Prints:
   - every config field and every file problem the node would refuse (not only the first);
   - whether a tokenizer is there, else the exact command that fetches it (gated on the Hub);
   - weight bytes per dtype, prefix tokens, cache-entry bytes, GPU memory of model + default cache
-    in bf16;
+    in bf16 and under each ``quantization`` mode (the meta model quantized as the node would, its parameter
+    and buffer bytes summed), and which device sizes (8, 16, 32, 64 GB) hold it;
   - the action period: 1 / --fps, else the fps the checkpoint records (training.json, or lerobot's
     train_config.json and its dataset's meta/info.json: policy/checkpoint.py ``recorded_fps``), else
     an assumed 50 fps, said so;
@@ -162,8 +163,44 @@ def _weights(diagnosis: Diagnosis, family: Any, config: Any, header: Dict[str, D
                for name, (_, count) in expected.items())
 
 
+# What a device must keep free besides model + cache: the OS, the ROS 2 graph (drivers, controllers), the CUDA
+# context and the activations of one chunk. A Jetson shares this memory with the CPU.
+HEADROOM_BYTES = 4 << 30
+DEVICE_SIZES_GB = (8, 16, 32, 64)
+
+
+def quantized_bytes(family: Any, config: Any) -> Dict[str, int]:
+    """The model's bytes under each quantization mode (bf16 compute): built on the meta device, quantized by
+    policy/quant.py as the node does, every parameter and buffer summed (nothing allocated)."""
+    import torch
+
+    from .policy.quant import MODES, model_bytes, quantize_model
+
+    figures = {}
+    for mode in MODES:
+        with torch.device('meta'):
+            model = family.model_class(config)
+        model.set_compute_dtype(torch.bfloat16)
+        quantize_model(model, mode, torch.device('meta'))
+        figures[mode] = model_bytes(model)
+    return figures
+
+
+def _memory_per_mode(diagnosis: Diagnosis, family: Any, config: Any, cache: int, chosen: str) -> None:
+    figures = quantized_bytes(family, config)
+    diagnosis.say(f'model + default cache per quantization mode (bf16 compute; fits: total + '
+                  f'{_mib(HEADROOM_BYTES)} headroom for the OS, ROS 2, the CUDA context and activations):')
+    for mode, count in figures.items():
+        total = count + cache
+        fits = [f'{size} GB {"yes" if total + HEADROOM_BYTES <= size * 10 ** 9 else "no"}'
+                for size in DEVICE_SIZES_GB]
+        marker = '  <- --quantization' if mode == chosen else ''
+        diagnosis.say(f'  {mode:13} weights {_mib(count)} ({count / figures["none"]:.2f}x) + cache {_mib(cache)} '
+                      f'= {_mib(total)}; {", ".join(fits)}{marker}')
+
+
 def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float] = None,
-             latency_ms: Optional[float] = None) -> Diagnosis:
+             latency_ms: Optional[float] = None, quantization: str = 'none') -> Diagnosis:
     """The whole report for one folder (see the module docstring), through the policy-family registry."""
     from .policy.checkpoint import (WEIGHTS_FILE, CheckpointError, check_relative_action_steps, find_tokenizer,
                                     load_normalizers, read_config_json)
@@ -262,6 +299,7 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
     if bf16_bytes:
         diagnosis.say(f'GPU, bf16: model {_mib(bf16_bytes)} (the parts the family keeps in fp32 counted so) + cache '
                       f'{_mib(cache)} = {_mib(bf16_bytes + cache)}, plus the CUDA context and activations')
+        _memory_per_mode(diagnosis, family, config, cache, quantization)
 
     diagnosis.section('action period')
     fps, origin = action_rate(diagnosis, folder, fps)
@@ -342,6 +380,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--fps', type=float, help='frame rate of the training data (sets action_period_sec)')
     parser.add_argument('--latency-ms', type=float, help='measured inference latency (latency_total_p95 in '
                         '/diagnostics) to fit the control rate to')
+    parser.add_argument('--quantization', default='none', choices=('none', 'int8_weights', 'fp8'),
+                        help='the node\'s quantization parameter: marks its line in the memory table')
     args = parser.parse_args(argv)
     from .policy.builtin import checkpoint_folder    # the node's reading of checkpoint_path, builtins included
 
@@ -349,7 +389,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.folder.is_dir():
         print(f'vla_policy_check_checkpoint: {args.folder} is not a folder', file=sys.stderr)
         return 2
-    diagnosis = diagnose(args.folder, args.tokenizer, args.fps, args.latency_ms)
+    diagnosis = diagnose(args.folder, args.tokenizer, args.fps, args.latency_ms, args.quantization)
     print('\n'.join(diagnosis.lines))
     print()
     if diagnosis.refusals:

@@ -1,9 +1,19 @@
 """Chunk hand-over: the chunk being executed, what is left of it, and how late a new chunk arrives.
 
 Times are ns on the node's clock. A chunk is computed for an observation at its
-origin o (the newest camera stamp with stamp_mode observation, else the tick
-time); its action i is due at o + (i + 1) * p, p = action_period_sec, which is
-where trajectory point i sits (time_from_start (i + 1) * p after the stamp).
+origin o, in both stamp modes: the time of its newest camera frame in the node's
+clock (observation.py: the header stamp, or the receive time less the delay
+beyond the camera's smallest, per camera_clock), as lerobot and openpi policies
+learn chunks from the camera stamp of their observation. Its action i is due at
+o + (i + 1) * p, p = action_period_sec: with stamp_mode observation trajectory
+point i sits at time_from_start (i + 1) * p after the stamp o; with zero the
+actions due by publication t are dropped and the rest sit at (i + 1) * p - (t - o).
+
+A tick whose observation repeats the executing chunk's (the same frames, joints
+within repeated_state_tolerance, instruction and settings: seed, chunking ...)
+carries nothing new: the chunk goes on and the tick is skipped as
+repeated_observation (no fault), whatever the chunking and the seed; a sample of
+fresh noise for it would only swap one guess at the same scene for another.
 
     tick at o_N:   executing chunk C --align--> leftover = C's published actions not yet due
                    delay d = actions expected to elapse before the new chunk is out (estimated)
@@ -20,9 +30,11 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Deque, Optional
+from typing import Any, Deque, Optional
 
 import numpy as np
+
+from .observation import AssembledObservation
 
 CHUNKING_MODES = ('independent', 'rtc')
 DELAY_MODES = ('measured', 'fixed')
@@ -38,6 +50,8 @@ class ExecutingChunk:
     first: int
     actions: np.ndarray               # [H, A] the whole chunk, robot units
     positions: np.ndarray             # [end - first, J] what the controller executes (after limits)
+    observed: Optional[AssembledObservation] = None    # what it was computed from
+    settings: Any = None              # the tick settings it was computed with (tick.TickSettings)
 
     @property
     def end(self) -> int:
@@ -123,6 +137,16 @@ class ChunkHandover:
         # Index 0 of the leftover must be due with the new action 0, so it starts at C's aligned action even
         # when that one had elapsed before C was published (the first d of the new chunk are past anyway).
         return Continuation(chunk.actions[aligned:chunk.end], delay)
+
+    def repeated(self, observed: AssembledObservation, settings: Any, now_ns: int, state_tolerance: float) -> bool:
+        """``observed`` is the executing chunk's observation again, with the same settings, and the chunk still
+        has actions ahead at ``now_ns``: a new chunk would carry nothing new."""
+        chunk = self.executing
+        if chunk is None or chunk.observed is None or chunk.settings != settings:
+            return False
+        if chunk.due_ns(np.array([chunk.end - 1]))[0] <= now_ns:
+            return False                   # it ran out: the arm stands at its last point
+        return observed.repeats(chunk.observed, state_tolerance)
 
     def take_over(self, new: ExecutingChunk, elapsed: int) -> Optional[HandoverMetrics]:
         """``new`` replaces the executing chunk; returns the hand-over figures (None for the first chunk)."""

@@ -185,6 +185,26 @@ def frame_buffer(frame: Frame) -> memoryview:
     return _as_byte_view(frame.data)
 
 
+def same_frame(a: object, b: object) -> bool:
+    """Two camera messages (or frames) that carry the same picture: the same object, or the same fields and
+    raw bytes (what the prefix cache key hashes, cache/key.py); anything unreadable is not the same."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    try:
+        first, second = frame_from_msg(a), frame_from_msg(b)
+    except ImageDecodeError:
+        return False
+    if type(first) is not type(second):
+        return False
+    fields = ('format',) if isinstance(first, CompressedFrame) else _RAW_FIELDS[:-1]
+    if any(getattr(first, name) != getattr(second, name) for name in fields):
+        return False
+    return np.array_equal(np.frombuffer(frame_buffer(first), dtype=np.uint8),
+                          np.frombuffer(frame_buffer(second), dtype=np.uint8))
+
+
 def _as_byte_view(data: object) -> memoryview:
     if isinstance(data, np.ndarray):
         # view(np.uint8) also handles non-native dtypes that memoryview.cast

@@ -16,14 +16,25 @@ both work, and the node and the offline replay share every check.
 """
 from __future__ import annotations
 
+import collections
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .images import same_frame
+
 NS_PER_SEC = 1_000_000_000
+# camera_clock: which clock a camera frame's time is read in (see camera_clock_choice).
+CAMERA_CLOCKS = ('auto', 'header', 'receive')
+# A frame may arrive this much before its own stamp and its camera still count as on the node's clock
+# (clocks synchronised over a network are this close).
+CLOCK_SLACK_SEC = 0.005
+# Per camera, the smallest delay (receive time - header stamp) over this many recent frames is the delay the
+# node can know: the camera's clock offset plus the fastest delivery.
+DELAY_WINDOW = 100
 # Instructions are free text from a topic; beyond this bound no parameter can admit them.
 MAX_INSTRUCTION_CHARS = 2000
 
@@ -57,6 +68,9 @@ class SkipReason(TextEnum):
     BAD_INPUT = 'bad_input'
     INVALID_ACTIONS = 'invalid_actions'
     CHUNK_ELAPSED = 'chunk_elapsed'
+    # The observation of the chunk being executed again (same frames, joints, instruction, settings): the
+    # chunk goes on; nothing new is published. No fault.
+    REPEATED_OBSERVATION = 'repeated_observation'
     # The remote backend (vla_policy_node/remote): one reason per kind of fault, never a trajectory.
     REMOTE_TIMEOUT = 'remote_timeout'               # no reply within remote_timeout_sec
     REMOTE_UNREACHABLE = 'remote_unreachable'       # connection refused / not connected (reconnecting)
@@ -65,6 +79,12 @@ class SkipReason(TextEnum):
     REMOTE_AUTH = 'remote_auth'                     # the server refused the API key (HTTP 401/403)
     REMOTE_BAD_REPLY = 'remote_bad_reply'           # undecodable, oversized, wrong shape/dtype, non-finite
     INTERNAL_ERROR = 'internal_error'
+
+    @property
+    def fault(self) -> bool:
+        """Something is wrong (on_fault applies, /diagnostics warns). Waiting for the first /clock and a
+        repeated observation are not faults."""
+        return self not in (SkipReason.WAITING_FOR_CLOCK, SkipReason.REPEATED_OBSERVATION)
 
 
 class SkipTick(Exception):
@@ -175,6 +195,8 @@ class TimingLimits:
     max_camera_skew_sec: float = 0.1
     max_joint_state_age_sec: float = 0.5
     default_instruction: str = ''     # used until an instruction arrives
+    camera_clock: str = 'auto'        # CAMERA_CLOCKS: the clock camera frames are timed in
+    sim_time: bool = False            # use_sim_time: the node's clock is /clock (a replay: bag time)
 
 
 # ---- the latest message per input ------------------------------------------------------------------
@@ -184,6 +206,7 @@ class _Stamped:
     value: Any
     stamp_ns: int      # header stamp, or receive time when the header is unset
     receive_ns: int
+    header_ns: int = 0     # header stamp as sent (0: unset)
 
 
 def header_stamp_ns(msg: object) -> int:
@@ -213,16 +236,64 @@ class Measured:
     waiting: bool = False
 
 
+@dataclass(frozen=True)
+class CameraClock:
+    """The clock an observation's frames were timed in ('header' or 'receive') and why (diagnostics, replay
+    summary)."""
+
+    name: str
+    reason: str
+
+
 @dataclass
 class AssembledObservation:
     observation: Observation
-    stamp_ns: int                       # the newest camera stamp: when the scene was seen
+    stamp_ns: int                       # the newest camera frame's time, in the node's clock: when the scene was seen
     camera_ages_sec: Dict[str, float] = field(default_factory=dict)
+    clock: CameraClock = CameraClock('header', '')
+    # Per camera (layout order): the frame's own stamp (header, else receive time), which identifies it.
+    frame_stamps: Tuple[int, ...] = ()
 
     @property
     def current_positions(self) -> np.ndarray:
         """Joint positions at the tick (the state vector, in state_joint_names order)."""
         return self.observation.state
+
+    def repeats(self, other: 'AssembledObservation', state_tolerance: float) -> bool:
+        """The same observation as ``other``: every camera's same frame (its stamp and its pixels), the joint
+        state within ``state_tolerance`` per joint, the same instruction."""
+        if self.frame_stamps != other.frame_stamps or self.observation.instruction != other.observation.instruction:
+            return False
+        state, before = np.asarray(self.observation.state), np.asarray(other.observation.state)
+        if state.shape != before.shape or not np.all(np.abs(state - before) <= state_tolerance):
+            return False
+        images, old = self.observation.images, other.observation.images
+        return images.keys() == old.keys() and all(same_frame(images[name], old[name]) for name in images)
+
+
+def camera_clock_choice(limits: TimingLimits, delays: Mapping[str, Optional[int]],
+                        topics: Mapping[str, str]) -> CameraClock:
+    """camera_clock as set, or auto's choice from the smallest known delay (receive - header stamp, ns; None:
+    no header stamp) of each camera: header when the stamps are on the node's clock (use_sim_time: both on
+    /clock; else no frame arrives more than CLOCK_SLACK_SEC before its stamp and the smallest delay is within
+    max_image_age_sec), else receive."""
+    if limits.camera_clock != 'auto':
+        return CameraClock(limits.camera_clock, f'camera_clock {limits.camera_clock}')
+    if limits.sim_time:
+        return CameraClock('header', 'auto: use_sim_time, the camera stamps and the node both on /clock')
+    for camera, delay in delays.items():
+        topic = topics.get(camera, camera)
+        if delay is None:
+            return CameraClock('receive', f'auto: the frames on {topic} carry no header stamp')
+        if delay < -CLOCK_SLACK_SEC * NS_PER_SEC:
+            return CameraClock('receive', f'auto: frames on {topic} arrive {-delay / NS_PER_SEC:.3f} s before their '
+                                          'stamp: the camera stamps in another clock')
+        if delay > limits.max_image_age_sec * NS_PER_SEC:
+            return CameraClock('receive', f'auto: frames on {topic} arrive {delay / NS_PER_SEC:.3f} s after their '
+                                          'stamp at the soonest (over max_image_age_sec): the camera stamps in '
+                                          'another clock')
+    return CameraClock('header', 'auto: the camera stamps are on the node\'s clock (every frame arrives after its '
+                                 'stamp, within max_image_age_sec)')
 
 
 class InputBuffer:
@@ -234,6 +305,9 @@ class InputBuffer:
         self._joint_state: Optional[_Stamped] = None
         self._instruction: Optional[_Stamped] = None
         self._operator: Dict[InputKind, _Stamped] = {}
+        # Per camera: receive time - header stamp of its recent frames (camera_clock_choice, receive times).
+        self._delays: Dict[str, Deque[int]] = {}
+        self._clock = CameraClock('header', '')        # the latest tick's choice (camera_ages)
 
     # ---- writer (callbacks): store only; every check waits for the tick ----------------------------
     def put(self, entry: InputTopic, msg: Any, receive_ns: int) -> None:
@@ -241,10 +315,14 @@ class InputBuffer:
         if entry.kind in (InputKind.INSTRUCTION, InputKind.ENABLE, InputKind.ESTOP):
             stamped = _Stamped(msg.data, receive_ns, receive_ns)
         else:
-            stamped = _Stamped(msg, header_stamp_ns(msg) or receive_ns, receive_ns)
+            header = header_stamp_ns(msg)
+            stamped = _Stamped(msg, header or receive_ns, receive_ns, header)
         with self._lock:
             if entry.kind is InputKind.CAMERA:
                 self._cameras[entry.camera] = stamped
+                if stamped.header_ns:
+                    self._delays.setdefault(entry.camera, collections.deque(maxlen=DELAY_WINDOW)).append(
+                        receive_ns - stamped.header_ns)
             elif entry.kind is InputKind.JOINT_STATE:
                 self._joint_state = stamped
             elif entry.kind is InputKind.INSTRUCTION:
@@ -256,6 +334,7 @@ class InputBuffer:
         """Forget the observation inputs; operator inputs stay (an e-stop must not be forgotten)."""
         with self._lock:
             self._cameras.clear()
+            self._delays.clear()
             self._joint_state = None
             self._instruction = None
 
@@ -265,6 +344,7 @@ class InputBuffer:
         back); the instruction and the operator's enable / e-stop stay (an e-stop must not be forgotten)."""
         with self._lock:
             self._cameras.clear()
+            self._delays.clear()
             self._joint_state = None
 
     def instruction(self) -> Optional[str]:
@@ -273,8 +353,11 @@ class InputBuffer:
             return None if self._instruction is None else str(self._instruction.value)
 
     def camera_ages(self, now_ns: int) -> Dict[str, float]:
+        """Per camera: the age of its newest frame, timed in the clock the latest tick chose."""
         with self._lock:
-            return {name: (now_ns - entry.stamp_ns) / NS_PER_SEC for name, entry in self._cameras.items()}
+            return {name: (now_ns - frame_time_ns(entry, min(self._delays[name]) if self._delays.get(name) else None,
+                                                  self._clock)) / NS_PER_SEC
+                    for name, entry in self._cameras.items()}
 
     def operator_inputs(self, now_ns: int) -> OperatorInputs:
         with self._lock:
@@ -306,26 +389,43 @@ class InputBuffer:
         """The observation for a tick at ``now_ns``, or SkipTick. Checks cameras, then joints, then instruction."""
         with self._lock:
             cameras = dict(self._cameras)
+            delays = {name: min(self._delays[name]) if self._delays.get(name) else None for name in cameras}
             joint_state = self._joint_state
             instruction = self._instruction
-        images, ages, stamps = _check_cameras(layout, limits, cameras, now_ns)
+        for entry in layout.cameras:
+            if entry.camera not in cameras:
+                raise SkipTick(SkipReason.CAMERA_MISSING, f'no image received yet on {entry.topic}', entry.topic)
+        clock = camera_clock_choice(limits, {entry.camera: delays[entry.camera] for entry in layout.cameras},
+                                    {entry.camera: entry.topic for entry in layout.cameras})
+        self._clock = clock
+        images, ages, stamps = _check_cameras(layout, limits, cameras, delays, clock, now_ns)
         state = _check_joint_state(layout, limits, joint_state, now_ns)
         text = _check_instruction(layout, limits, instruction)
         return AssembledObservation(Observation(images=images, state=state, instruction=text),
-                                    stamp_ns=max(stamps), camera_ages_sec=ages)
+                                    stamp_ns=max(stamps), camera_ages_sec=ages, clock=clock,
+                                    frame_stamps=tuple(cameras[entry.camera].stamp_ns for entry in layout.cameras))
+
+
+def frame_time_ns(stamped: _Stamped, smallest_delay: Optional[int], clock: CameraClock) -> int:
+    """A frame's time in the node's clock: its header stamp (clock header), or its receive time less what it was
+    late beyond the camera's smallest known delay (clock receive): header stamp + smallest delay, never after
+    the receive time. A frame without a header stamp: its receive time."""
+    if clock.name == 'header' or not stamped.header_ns or smallest_delay is None:
+        return stamped.stamp_ns
+    return min(stamped.receive_ns, stamped.header_ns + smallest_delay)
 
 
 def _check_cameras(layout: InputLayout, limits: TimingLimits, cameras: Mapping[str, _Stamped],
+                   delays: Mapping[str, Optional[int]], clock: CameraClock,
                    now_ns: int) -> Tuple[Dict[str, Any], Dict[str, float], List[int]]:
     images: Dict[str, Any] = {}
     ages: Dict[str, float] = {}
     stamps: List[int] = []
     for entry in layout.cameras:
         topic = entry.topic
-        stamped = cameras.get(entry.camera)
-        if stamped is None:
-            raise SkipTick(SkipReason.CAMERA_MISSING, f'no image received yet on {topic}', topic)
-        age = (now_ns - stamped.stamp_ns) / NS_PER_SEC
+        stamped = cameras[entry.camera]
+        frame_ns = frame_time_ns(stamped, delays.get(entry.camera), clock)
+        age = (now_ns - frame_ns) / NS_PER_SEC
         ages[entry.camera] = age
         if age > limits.max_image_age_sec:
             raise SkipTick(SkipReason.CAMERA_STALE, f'image on {topic} is {age:.3f} s old '
@@ -334,7 +434,7 @@ def _check_cameras(layout: InputLayout, limits: TimingLimits, cameras: Mapping[s
             raise SkipTick(SkipReason.CAMERA_FUTURE, f'image on {topic} is stamped {-age:.3f} s in the future '
                            '(clock mismatch between the camera and this node?)', topic)
         images[entry.camera] = stamped.value
-        stamps.append(stamped.stamp_ns)
+        stamps.append(frame_ns)
     skew = (max(stamps) - min(stamps)) / NS_PER_SEC
     if skew > limits.max_camera_skew_sec:
         raise SkipTick(SkipReason.CAMERA_SKEW, f'camera stamps differ by {skew:.3f} s '

@@ -23,7 +23,7 @@ from .backends import BACKENDS
 from .handover import CHUNKING_MODES, DELAY_MODES
 from .outputs import OUTPUT_TYPES, output_name_problem
 from .images import DEFAULT_MAX_PIXELS, MAX_PIXELS_LIMIT
-from .observation import MAX_INSTRUCTION_CHARS
+from .observation import CAMERA_CLOCKS, MAX_INSTRUCTION_CHARS
 from .policy.builtin import BUILTIN_DEMO, BUILTIN_TINY  # noqa: F401  (the embedded checkpoints' names)
 from .policy.relative_actions import relative_action_mask
 from .policy.rtc import RTC_MODES, SCHEDULES
@@ -117,6 +117,13 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'configure warm-up, or a device without CUDA, fails configure), off (eager). Default off until '
               'measured on a GPU.',
               read_only=True, choices=('auto', 'on', 'off')),
+    ParamSpec('quantization', 'none', 'string',
+              'Weights of the transformer blocks (and the token table): none; int8_weights (per-channel int8, '
+              'activations in dtype: about half the bf16 weight bytes, any CUDA device incl. Jetson Orin, or '
+              'the CPU); fp8 (e4m3 weights and per-token activations through torch._scaled_mm: CUDA compute '
+              'capability >= 8.9 only, elsewhere configure fails naming the device; on device cpu a slow '
+              'reference for accuracy checks). docs/precision.md.',
+              read_only=True, choices=('none', 'int8_weights', 'fp8')),
     ParamSpec('autostart', True, 'bool',
               'Configure and activate on start-up (no lifecycle manager needed).', read_only=True),
     # --- topics (need a restart) ---
@@ -160,10 +167,19 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'Time between consecutive actions of a chunk: point i is at (i+1) * action_period_sec.',
               min_value=0.001, max_value=10.0),
     ParamSpec('stamp_mode', 'zero', 'string',
-              'header.stamp of trajectories: zero (start now; the node drops the actions that fell due during '
-              'inference and times the rest from publication) or observation (the newest camera stamp, every '
-              'point; the controller drops the elapsed ones, so its clock must match the cameras\').',
+              'header.stamp of trajectories. Either way action i of a chunk is due at the observation\'s time '
+              '(its newest camera frame, see camera_clock) + (i+1) * action_period_sec. zero: start now; the node '
+              'drops the actions already due at publication and times the rest from publication. observation: '
+              'stamped at the observation\'s time, every point; the controller drops the elapsed ones, so its '
+              'clock must be the node\'s.',
               choices=STAMP_MODES),
+    ParamSpec('camera_clock', 'auto', 'string',
+              'The clock of the camera stamps, which time every chunk: header (the stamps are in the node\'s '
+              'clock: same machine, synchronised clocks, sim time), receive (another clock: a frame\'s time is its '
+              'receive time less how much later it arrived than the fastest of its camera\'s recent frames) or '
+              'auto (header under use_sim_time, or when every camera\'s frames arrive after their stamps and '
+              'within max_image_age_sec; else receive). The choice and why: /diagnostics camera_clock and '
+              'camera_clock_reason, the replay summary.', read_only=True, choices=CAMERA_CLOCKS),
     ParamSpec('chunking', 'independent', 'string',
               'independent: every chunk is sampled on its own; rtc: real-time chunking, each chunk continues '
               'the unexecuted rest of the one being executed (smooth hand-over).', choices=CHUNKING_MODES),
@@ -187,6 +203,11 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               min_value=1, max_value=1000),
     ParamSpec('inference_delay_steps', 0, 'int', 'The inference delay in actions when inference_delay_mode is fixed.',
               min_value=0, max_value=1000, model_max='chunk_size'),
+    ParamSpec('repeated_state_tolerance', 1e-3, 'double',
+              'A tick whose observation is the executing chunk\'s again (the same camera frames, stamp and '
+              'pixels, the same instruction and settings, every joint within this of its state) is skipped as '
+              'repeated_observation (no fault) and the chunk goes on; 0: only an identical state repeats.',
+              min_value=0.0, max_value=1e3),
     ParamSpec('instruction', '', 'string', 'Default instruction, used until one arrives on instruction_topic.'),
     ParamSpec('max_instruction_length', 500, 'int', 'Longer instructions are refused (tick skipped).',
               min_value=1, max_value=MAX_INSTRUCTION_CHARS),

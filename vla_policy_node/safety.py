@@ -286,7 +286,8 @@ class SafetySupervisor:
                publish_ns: int) -> Review:
         """The tick produced ``plan`` (or was ``skipped`` for a reason): decide what the controller gets.
 
-        Waiting for the first /clock is no fault: there is no time yet, and nothing was published.
+        Waiting for the first /clock is no fault: there is no time yet, and nothing was published. Nor is a
+        repeated observation: the trajectory being executed goes on, valid.
         """
         with self._lock:
             review = Review()
@@ -297,6 +298,9 @@ class SafetySupervisor:
                     self.state is SupervisorState.HELD and self.reason in (HoldReason.INACTIVE, HoldReason.DEADMAN)):
                 return review
             if plan is None:
+                if skipped is SkipReason.REPEATED_OBSERVATION and self.state is SupervisorState.ACTIVE:
+                    self._last_valid_ns = now_ns     # the executing trajectory goes on: it is still valid
+                    return review
                 if skipped is not None and settings.on_fault == 'hold' and self.state is SupervisorState.ACTIVE:
                     self._enter_hold(HoldReason.INPUT_FAULT, joint_names, measured, settings, review,
                                      f'a tick was skipped [{skipped}] (on_fault hold)')

@@ -73,11 +73,12 @@ def input_layout(values: Mapping[str, Any], config: PolicyLevelConfig,
 
 
 def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSettings:
-    """The live parameter values one tick runs with."""
+    """The live parameter values one tick runs with (``use_sim_time``, ROS's own parameter, when among them)."""
     limits = TimingLimits(max_image_age_sec=values['max_image_age_sec'],
                           max_camera_skew_sec=values['max_camera_skew_sec'],
                           max_joint_state_age_sec=values['max_joint_state_age_sec'],
-                          default_instruction=values['instruction'])
+                          default_instruction=values['instruction'], camera_clock=values['camera_clock'],
+                          sim_time=bool(values.get('use_sim_time', False)))
     return TickSettings(layout=layout, limits=limits, joint_names=tuple(values['joint_names']),
                         action_period_sec=values['action_period_sec'], execute_steps=values['execute_steps'],
                         stamp_mode=values['stamp_mode'],
@@ -89,7 +90,7 @@ def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSetting
                         max_image_pixels=values['max_image_pixels'],
                         rtc=rtc_settings(values), delay_mode=values['inference_delay_mode'],
                         delay_window=values['inference_delay_window'], delay_steps=values['inference_delay_steps'],
-                        safety=safety_settings(values))
+                        safety=safety_settings(values), repeated_state_tolerance=values['repeated_state_tolerance'])
 
 
 def safety_settings(values: Mapping[str, Any]) -> SafetySettings:
@@ -141,6 +142,7 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'],
                                          cuda_graphs=values['cuda_graphs'],
+                                         quantization=values['quantization'],
                                          **{name: values[name] for name in FAMILY_OPTIONS})
 
 

@@ -5,7 +5,9 @@
 
 Anything wrong on the way becomes a SkipTick with a reason; nothing invalid
 leaves this module. The caller (node or replay) owns the clock and the output;
-it passes the clock so a chunk can be timed from its publication.
+it passes the clock so a chunk can be timed from its publication. Every chunk
+counts from its observation (handover.py); a tick that only repeats the executing
+chunk's observation is skipped as repeated_observation, no fault, and the chunk goes on.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from typing import Callable, Deque, Dict, Optional, Tuple
 
 import numpy as np
 
-from .observation import (AssembledObservation, InputBuffer, InputLayout, Measured, ObservationError, SkipReason,
-                          SkipTick, TimingLimits)
+from .observation import (AssembledObservation, CameraClock, InputBuffer, InputLayout, Measured, ObservationError,
+                          SkipReason, SkipTick, TimingLimits)
 from .images import DEFAULT_MAX_PIXELS
 from .handover import ChunkHandover, Continuation, ExecutingChunk, HandoverMetrics, elapsed_actions
 from .policy.rtc import RTCSettings
@@ -53,6 +55,7 @@ class TickSettings:
     delay_window: int = 20
     delay_steps: int = 0
     safety: SafetySettings = SafetySettings()
+    repeated_state_tolerance: float = 1e-3    # joints closer than this to the executing chunk's: a repeat
 
     @property
     def period_ns(self) -> int:
@@ -99,15 +102,21 @@ class TickStats:
         self.handovers = 0
         self.continued = 0                     # chunks steered by the previous one (rtc)
         self.delay = 0                         # the last estimated inference delay, in actions
-        self.last_skip: Optional[SkipTick] = None
+        self.last_skip: Optional[SkipTick] = None  # the latest fault (SkipReason.fault)
         self.timings_clock = ''                # how the latest chunk's stage timings were measured
+        self.camera_clock: Optional[CameraClock] = None       # the latest observation's clock and why
+        self.camera_clocks: Dict[str, int] = collections.Counter()   # observations per clock
 
     def record(self, outcome: TickOutcome) -> None:
         with self._lock:
             self.ticks += 1
             if outcome.skip is not None:
                 self.skipped[outcome.skip.reason.value] += 1
-                self.last_skip = outcome.skip
+                if outcome.skip.reason.fault:
+                    self.last_skip = outcome.skip
+            if outcome.assembled is not None:
+                self.camera_clock = outcome.assembled.clock
+                self.camera_clocks[outcome.assembled.clock.name] += 1
             chunk = outcome.chunk
             if chunk is not None:
                 self.chunks += 1
@@ -161,7 +170,7 @@ class TickStats:
                                      clipped=self.clipped, skipped=dict(self.skipped), last_skip=self.last_skip,
                                      latency=_percentiles(self._latency), handover=_percentiles(self._handover),
                                      continued=self.continued, delay=self.delay,
-                                     timings_clock=self.timings_clock)
+                                     timings_clock=self.timings_clock, camera_clock=self.camera_clock)
 
 
 def _percentiles(windows: Dict[str, Deque[float]]) -> Dict[str, Dict[str, float]]:
@@ -188,10 +197,16 @@ class TickStatsSnapshot:
     continued: int = 0
     delay: int = 0
     timings_clock: str = ''      # 'cuda_events' or 'host' (runtime.ActionChunk.timings_clock); '' before a chunk
+    camera_clock: Optional[CameraClock] = None    # the latest observation's clock and why; None before one
 
     @property
     def skipped_total(self) -> int:
         return sum(self.skipped.values())
+
+    @property
+    def faults_total(self) -> int:
+        """Skipped ticks that were faults (not waiting for /clock, not a repeated observation)."""
+        return sum(count for reason, count in self.skipped.items() if SkipReason(reason).fault)
 
 
 class TickEngine:
@@ -254,7 +269,10 @@ class TickEngine:
                 # use_sim_time before the first /clock: time is 0, no age or stamp means anything yet.
                 raise SkipTick(SkipReason.WAITING_FOR_CLOCK, 'use_sim_time is set and no /clock has arrived')
             outcome.assembled = buffer.assemble(settings.layout, settings.limits, now_ns)
-            outcome.origin_ns = outcome.assembled.stamp_ns if settings.stamp_mode == 'observation' else now_ns
+            outcome.origin_ns = outcome.assembled.stamp_ns       # both stamp modes: the observation's time
+            if self.handover.repeated(outcome.assembled, settings, now_ns, settings.repeated_state_tolerance):
+                raise SkipTick(SkipReason.REPEATED_OBSERVATION, 'the executing chunk\'s observation again (same '
+                               'frames, joints, instruction and settings): that chunk goes on')
             continuation = self._continuation(outcome, settings)
             outcome.chunk = self._infer(outcome.assembled, settings, continuation)
             outcome.publish_ns = clock() if clock is not None else now_ns
@@ -284,8 +302,8 @@ class TickEngine:
             plan, elapsed = review.plan, outcome.elapsed
             executed = plan.positions[elapsed - plan.first_action:]         # what the controller will execute
             outcome.handover = self.handover.take_over(
-                ExecutingChunk(outcome.origin_ns, settings.period_ns, elapsed, outcome.chunk.actions, executed),
-                elapsed)
+                ExecutingChunk(outcome.origin_ns, settings.period_ns, elapsed, outcome.chunk.actions, executed,
+                               outcome.assembled, settings), elapsed)
         elif review.kind is not None:
             self.handover.reset()
 
@@ -312,9 +330,11 @@ class TickEngine:
             raise SkipTick(exc.reason, str(exc), settings.layout.topic_of(exc.field)) from exc
 
     def _plan(self, outcome: TickOutcome, settings: TickSettings) -> TrajectoryPlan:
-        """The chunk as a trajectory from its first action not yet due.
+        """The chunk as a trajectory from its first action not yet due; either way action i is due at
+        origin + (i + 1) * period, the origin the observation's time.
 
-        stamp_mode zero: the elapsed actions are dropped and the rest timed from the publication.
+        stamp_mode zero: the actions due by publication are dropped and the rest timed from the publication
+        (time_from_start (i + 1) * period - (publication - origin)).
         stamp_mode observation: every point, stamped at the observation; the controller drops the
         elapsed ones itself (so clocks must agree).
         """

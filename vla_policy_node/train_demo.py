@@ -14,9 +14,9 @@ What it fits. One sample per recorded joint state at time tau (the ticks the nod
 
 - inputs: the newest frame of each camera at or before tau, the instruction, the joint state at tau;
 - targets: the recorded command at ``origin + (i + 1) * DEMO_ACTION_PERIOD_SEC`` for i < chunk_size, where
-  ``origin`` is the newest camera stamp: the time the node's chunks count from with
-  ``stamp_mode: observation`` (config/demo.yaml), so a published point i is due exactly when its target
-  was recorded. Past the end of the recording the last command is repeated (np.interp).
+  ``origin`` is the newest camera stamp: the time the node's chunks count from in either stamp mode
+  (handover.py), so a published point i is due exactly when its target was recorded. Past the end of the
+  recording the last command is repeated (np.interp).
 
 The loss is pi0's flow matching exactly as lerobot and openpi train it (``flow_matching_loss`` in
 policy/families/pi0/training.py, with pi0's training forward), the
@@ -261,7 +261,7 @@ def train(output: Path, bag: Optional[Path] = None, seed: int = DEFAULT_SEED, st
               'final_loss': final, 'seconds': round(seconds, 1), 'weights_sha256': digest,
               'torch': torch.__version__, 'numpy': np.__version__, 'python': platform.python_version(),
               'machine': platform.machine(), 'joint_names': list(data.joint_names),
-              'action_period_sec': DEMO_ACTION_PERIOD_SEC, 'stamp_mode': 'observation',
+              'action_period_sec': DEMO_ACTION_PERIOD_SEC, 'chunk_origin': 'the newest camera stamp',
               'bag': 'the demo sample bag (vla_policy_make_bag --duration 6)' if bag is None else str(bag)}
     (output / TRAINING_FILE).write_text(json.dumps(record, indent=2) + '\n')
     return TrainResult(output, steps, final, seconds, digest)

@@ -53,10 +53,13 @@ class PrefixKeyBuilder:
     """Keys for one loaded model: the model-level part is hashed once, up front."""
 
     def __init__(self, model_revision: str, tokenizer_identity: str, dtype: str,
-                 layout_version: int = PREFIX_LAYOUT_VERSION) -> None:
+                 layout_version: int = PREFIX_LAYOUT_VERSION, quantization: str = 'none') -> None:
+        """``quantization``: the weights' mode (policy/quant.py); the same checkpoint quantized otherwise computes
+        another prefix, so it is part of the model identity (``none`` adds nothing: unquantized keys unchanged)."""
         header = xxhash.xxh3_128()
-        for part in (f'layout:{layout_version}', f'model:{model_revision}', f'tokenizer:{tokenizer_identity}',
-                     f'dtype:{dtype}'):
+        parts = [f'layout:{layout_version}', f'model:{model_revision}', f'tokenizer:{tokenizer_identity}',
+                 f'dtype:{dtype}'] + ([f'quantization:{quantization}'] if quantization != 'none' else [])
+        for part in parts:
             _put_text(header, part)
         self._model_digest = header.digest()
 

@@ -70,7 +70,7 @@ def conversion_settings(params: Optional[Path], checkpoint: Optional[str] = None
     config = folder_config(folder)
     validate(values, config)
     layout = input_layout(values, config)
-    settings = tick_settings(values, layout)
+    settings = tick_settings(dict(values, use_sim_time=True), layout)      # on bag time, as the replay
     rate = float(fps) if fps is not None else float(values['control_rate_hz'])
     if not (math.isfinite(rate) and rate > 0 and rate == int(rate)):
         raise DatasetError(f'a LeRobotDataset has a whole number of frames per second; the tick rate is {rate:g} '

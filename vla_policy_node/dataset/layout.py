@@ -37,8 +37,8 @@ CONVERSION_PATH = 'meta/vla_policy_node_conversion.json'
 STATE = 'observation.state'
 ACTION = 'action'
 IMAGES_PREFIX = 'observation.images.'
-# Per camera, how old its frame was at the tick (tick time - header stamp), which the node's stamp_mode
-# observation times chunks from; vla_policy_replay --dataset feeds it back. Not an "observation." key, so
+# Per camera, how old its frame was at the tick (tick time - the frame's time), which the node times every
+# chunk from; vla_policy_replay --dataset feeds it back. Not an "observation." key, so
 # lerobot's dataset_to_policy_features gives it to no policy. float64: the stamps come back to the nanosecond
 # (float32 seconds would move them by a few ns, enough to move a due time across an episode's end).
 CAMERA_AGE = 'camera_age_sec'

@@ -139,9 +139,8 @@ class GemmaStack(nn.Module):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Gemma scales token embeddings by sqrt(width), the scale rounded to the table's dtype
         (as transformers >= 5.4 and current lerobot do; exact in fp32)."""
-        weight = self.embed_tokens.weight
-        return self.embed_tokens(tokens) * torch.tensor(math.sqrt(self.size.width), dtype=weight.dtype,
-                                                        device=weight.device)
+        embedded = self.embed_tokens(tokens)        # the table's dtype (an int8 table's: its rows dequantized)
+        return embedded * torch.tensor(math.sqrt(self.size.width), dtype=embedded.dtype, device=embedded.device)
 
     def final_norm(self, x: torch.Tensor, cond: Optional[torch.Tensor]) -> torch.Tensor:
         return self.norm(x, cond)[0] if cond is not None else self.norm(x)

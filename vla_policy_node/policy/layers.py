@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quant import fuse_quantized, is_quantized
+
 # Finite "minus infinity" for additive attention masks. A fully masked row (a
 # padded query) then gets a uniform softmax instead of NaN, and a NaN never
 # reaches the K/V of the next layer. Same value as the reference implementations.
@@ -95,30 +97,50 @@ class FusedProjection:
     leaves the views behind; the next call notices (storage addresses) and fuses again
     from the current parameters, so the GEMM never runs on stale weights. The loader
     fuses right after loading (``fuse_projections``) so that this happens at load time,
-    not in the first control tick. Deliberately not an ``nn.Module``: it owns no
-    parameters and adds no state_dict entries.
+    not in the first control tick. Quantized parts (policy/quant.py, the ``quantization`` parameter) fuse the
+    same way: their stacked int8 / e4m3 rows and per-row scales, one quantized GEMM; partly quantized parts run
+    one GEMM each. Deliberately not an ``nn.Module``: it owns no parameters and adds no state_dict entries.
     """
 
     def __init__(self, *linears: nn.Linear) -> None:
         self.linears = linears
         self.weight: Optional[torch.Tensor] = None
         self.bias: Optional[torch.Tensor] = None
-        self._views: List[Tuple[nn.Linear, str, int]] = []   # (module, parameter name, expected address)
+        self.quantized: Optional[nn.Module] = None          # the stacked QuantizedLinear, when the parts are
+        self.mixed = False
+        self._views: List[Tuple[dict, str, int]] = []        # (module's tensor dict, name, expected address)
 
     def fuse(self) -> None:
+        quantized = [is_quantized(linear) for linear in self.linears]
+        self.mixed = any(quantized) and not all(quantized)     # some parts quantized: each runs its own GEMM
+        if self.mixed:
+            self.weight, self._views = self.linears[0], []
+            return
+        if all(quantized):
+            self._fuse_quantized()
+            return
+        self.quantized = None
         # inference_mode(False): the fused tensors become parameter storage, which must stay usable outside it.
         with torch.inference_mode(False), torch.no_grad():
             self.weight = _concatenate_into_views([linear.weight for linear in self.linears])
             has_bias = all(linear.bias is not None for linear in self.linears)
             self.bias = _concatenate_into_views([linear.bias for linear in self.linears]) if has_bias else None
         names = ('weight', 'bias') if has_bias else ('weight',)
-        self._views = [(linear, name, linear._parameters[name].data_ptr())
+        self._views = [(linear._parameters, name, linear._parameters[name].data_ptr())
                        for linear in self.linears for name in names]
+
+    def _fuse_quantized(self) -> None:
+        """Quantized parts (policy/quant.py): their int8 / e4m3 rows and per-row scales stacked, one GEMM."""
+        with torch.inference_mode(False), torch.no_grad():
+            self.quantized = fuse_quantized(self.linears)
+        self.weight = self.quantized.qweight
+        self._views = [(linear._buffers, name, linear._buffers[name].data_ptr())
+                       for linear in self.linears for name in ('qweight', 'scale')]
 
     def _views_current(self) -> bool:
         """True while every parameter is still its block of the fused tensors (a dict lookup and an address each)."""
-        for linear, name, address in self._views:
-            if linear._parameters[name].data_ptr() != address:
+        for tensors, name, address in self._views:
+            if tensors[name].data_ptr() != address:
                 return False
         return True
 
@@ -127,6 +149,10 @@ class FusedProjection:
         # Under torch.compile the storage check would break the graph; a compiled caller fuses first.
         if self.weight is None or not (_compiling() or self._views_current()):
             self.fuse()
+        if self.mixed:
+            return torch.cat([apply_linear(linear, x) for linear in self.linears], dim=-1)
+        if self.quantized is not None:
+            return self.quantized(x)
         return packed_linear(x, self.weight, self.bias)
 
 
@@ -223,6 +249,11 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return F.linear(x, weight, bias) if packer is None else packer.linear(x, weight, bias)
 
 
+def apply_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A block's projection: an ``nn.Linear`` through ``packed_linear``, a quantized one (policy/quant.py) itself."""
+    return linear(x) if is_quantized(linear) else packed_linear(x, linear.weight, linear.bias)
+
+
 class GemmaMLP(nn.Module):
     """down(act(gate(x)) * up(x)); act gelu_tanh (Gemma) or silu (Llama, ``activation='silu'``)."""
 
@@ -238,11 +269,11 @@ class GemmaMLP(nn.Module):
         if x.device.type == 'cpu':
             # CPU BLAS runs the two [mlp_dim, W] blocks faster than one [2 * mlp_dim, W] GEMM (3-5% of
             # the pi0 denoise on this project's CPU, bench/bench_runtime.py); on a GPU one launch wins.
-            gate, up = packed_linear(x, self.gate_proj.weight), packed_linear(x, self.up_proj.weight)
+            gate, up = apply_linear(self.gate_proj, x), apply_linear(self.up_proj, x)
         else:
             gate, up = self.gate_up(x).chunk(2, dim=-1)                  # each [..., mlp_dim]
         act = F.silu(gate) if self.activation == 'silu' else F.gelu(gate, approximate='tanh')
-        return packed_linear(act * up, self.down_proj.weight)
+        return apply_linear(self.down_proj, act * up)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -178,7 +178,8 @@ def _progress(messages, enabled: bool, bag: Path):
 def replay_values(params: Optional[Path], checkpoint: Optional[str], seed: Optional[int],
                   overrides: Optional[Mapping[str, Any]], latency_ms: float) -> Dict[str, Any]:
     """The parameter values a replay runs with: the params file, the overrides, --checkpoint and --seed,
-    validated; the seed 0 unless one is given (a replay is deterministic by default)."""
+    validated; the seed 0 unless one is given (a replay is deterministic by default); on bag time
+    (use_sim_time)."""
     raw = load_params_file(params) if params else {}
     raw.update(overrides or {})
     if checkpoint:
@@ -189,6 +190,7 @@ def replay_values(params: Optional[Path], checkpoint: Optional[str], seed: Optio
     validate(values)  # before the seed default below, so a bad seed is named as given
     if values['seed'] < 0:
         values['seed'] = 0
+    values['use_sim_time'] = True       # the replay's clock is bag time, the /clock a live replay publishes
     if not (latency_ms >= 0 and np.isfinite(latency_ms)):
         raise ReplayError(f'--latency-ms must be a finite number >= 0, got {latency_ms}')
     return values

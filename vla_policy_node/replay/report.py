@@ -53,7 +53,8 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
 
     Each published point i of a chunk is due at plan_start + time_from_start[i];
     the recorded command is linearly interpolated there. Points outside the
-    recorded span are left out.
+    recorded span are left out, and so are those already due when the chunk was
+    published (a stamped chunk carries them; the controller skips them).
     """
     if result.command_times_ns.size < 2:
         return None
@@ -67,6 +68,8 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
         inside = np.zeros(due.shape, dtype=bool)
         for first, last in spans:
             inside |= (due >= first) & (due <= last)
+        if record.publish_ns:
+            inside &= due > record.publish_ns
         if not inside.any():
             continue
         recorded = np.stack([np.interp(due[inside], times, result.command_positions[:, j])
@@ -81,9 +84,11 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
 
 
 def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
-    """Hand-over jump and overlap disagreement over the whole run (joint units): p50, p95, max."""
+    """Hand-over jump and overlap disagreement over the whole run (joint units): p50, p95, max. A tick that
+    repeats the executing chunk's observation publishes nothing, so it is no hand-over (counted apart)."""
     taken = [r.handover for r in records if r.handover is not None]
-    summary: Dict[str, Any] = {'count': len(taken)}
+    summary: Dict[str, Any] = {'count': len(taken),
+                               'repeated_observations': sum(1 for r in records if r.skipped == 'repeated_observation')}
     for figure in HANDOVER_FIGURES:
         values = np.array([getattr(h, figure) for h in taken], dtype=np.float64)
         values = values[np.isfinite(values)]
@@ -91,6 +96,13 @@ def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
             summary[figure] = {'p50': float(np.percentile(values, 50)), 'p95': float(np.percentile(values, 95)),
                                'max': float(values.max())}
     return summary
+
+
+def camera_clock_summary(stats: TickStats, values: Mapping[str, Any]) -> Dict[str, Any]:
+    """The camera_clock parameter, the clock the observations were timed in (counts) and why (the latest)."""
+    latest = stats.camera_clock
+    return {'setting': values.get('camera_clock', 'auto'), 'observations': dict(sorted(stats.camera_clocks.items())),
+            'used': latest.name if latest else None, 'reason': latest.reason if latest else None}
 
 
 def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> Dict[str, Any]:
@@ -145,6 +157,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'fast_path': runtime.fast_path_summary() if hasattr(runtime, 'fast_path_summary') else {},
         'simulated_latency_ms': latency_ms,
         'chunking': values['chunking'],
+        'camera_clock': camera_clock_summary(stats, values),
         'chunks_continued': sum(1 for r in result.records if r.continued),
         'handover': handover_summary(result.records),
         'safety': safety_summary(supervisor or SafetySupervisor(), result.records),
@@ -285,6 +298,8 @@ def handover_figure(result: ReplayResult):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
+    from matplotlib.lines import Line2D
+
     joints = len(result.joint_names)
     start = _start_ns(result)
     published = [r for r in result.records if r.plan_positions is not None]
@@ -299,15 +314,24 @@ def handover_figure(result: ReplayResult):
         axis.set_ylabel(f'{name}\n[rad]')
     handovers = [r for r in published if r.handover is not None]
     jump_axis = axes[joints, 0]
-    # Points, not a line: a tick that repeats an observation re-publishes from the same origin, at the same x.
+    # Points, not a line: two chunks of one frame (the joints moved between their ticks) share an origin.
     jump_axis.plot([(r.plan_start_ns - start) / NS_PER_SEC + r.plan_times_sec[0] for r in handovers],
                    [r.handover.jump_max for r in handovers], 'o', color='tab:red', markersize=3)
     jump_axis.set_ylim(bottom=0, top=max([r.handover.jump_max for r in handovers] + [0.0]) * 1.15 or None)
     jump_axis.set_ylabel('jump [rad]\n(largest joint)')
     jump_axis.set_title('largest per-joint jump at each hand-over (0 = seamless)', fontsize='small')
     jump_axis.set_xlabel('bag time [s]')
-    fig.suptitle('consecutive trajectories at hand-over (dots: where each new one takes over)')
-    fig.tight_layout()
+    repeated = sum(1 for r in result.records if r.skipped == 'repeated_observation')
+    handles = [Line2D([], [], color='tab:blue', linewidth=0.9), Line2D([], [], color='tab:orange', linewidth=0.9),
+               Line2D([], [], marker='o', color='black', linestyle='', markersize=2.5),
+               Line2D([], [], marker='o', color='tab:red', linestyle='', markersize=3)]
+    labels = ['a published trajectory', 'the next one (colours alternate)', 'where a new trajectory takes over',
+              f'largest jump at a hand-over ({len(handovers)}; {repeated} repeated observations published nothing)']
+    height = fig.get_figheight()
+    fig.suptitle('consecutive trajectories at hand-over')
+    fig.legend(handles, labels, loc='upper center', ncol=2, fontsize='small', frameon=False,
+               bbox_to_anchor=(0.5, 1.0 - 0.35 / height))
+    fig.tight_layout(rect=(0, 0, 1, 1.0 - 0.75 / height))
     return fig
 
 

@@ -78,8 +78,8 @@ class DiagnosticsPublisher:
                 buffer: InputBuffer, values: Mapping[str, Any], runtime: Optional[PolicyRuntime],
                 supervisor: Any = None) -> None:
         """One status from what the node knows now (``supervisor``: once configured)."""
-        new_skips = stats.skipped_total - self._skips_at_last
-        self._skips_at_last = stats.skipped_total
+        new_skips = stats.faults_total - self._skips_at_last       # a repeated observation is no fault
+        self._skips_at_last = stats.faults_total
         instruction = buffer.instruction()
         report = PolicyReport(name=self.name, lifecycle=lifecycle, configure_error=configure_error,
                               new_skips=new_skips, stats=stats, camera_ages=buffer.camera_ages(now_ns),
@@ -126,6 +126,8 @@ def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
     pairs += [(f'skipped_{reason}', count) for reason, count in sorted(stats.skipped.items())]
     if stats.last_skip is not None:
         pairs.append(('last_skip', f'[{stats.last_skip.reason}] {stats.last_skip}'))
+    if stats.camera_clock is not None:
+        pairs += [('camera_clock', stats.camera_clock.name), ('camera_clock_reason', stats.camera_clock.reason)]
     if stats.timings_clock:
         pairs.append(('latency_clock', stats.timings_clock))
     for stage, summary in stats.latency.items():

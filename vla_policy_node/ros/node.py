@@ -167,8 +167,9 @@ class VlaPolicyNode(LifecycleNode):
         if engine is None or self.configured is None:
             return
         outcome = engine.run(self.buffer, self._settings(), self._now_ns(), clock=self._now_ns)
-        if outcome.skip is not None and self._reporter.should_report(f'{outcome.skip.reason}:{outcome.skip.topic}'):
-            self.get_logger().warning(f'tick skipped {outcome.skip.describe()}')
+        skip = outcome.skip          # a repeated observation is no fault: the executing chunk goes on, unlogged
+        if skip is not None and skip.reason.fault and self._reporter.should_report(f'{skip.reason}:{skip.topic}'):
+            self.get_logger().warning(f'tick skipped {skip.describe()}')
         self._emit(outcome.review)
 
     def _on_clock_jump(self, back_sec: float) -> None:

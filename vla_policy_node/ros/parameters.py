@@ -128,7 +128,10 @@ class NodeParameters:
             return None
 
     def values(self) -> Dict[str, Any]:
-        return {spec.name: self.value(spec.name) for spec in self._specs}
+        """Every parameter of the table, and ROS's use_sim_time (camera_clock auto reads it)."""
+        values = {spec.name: self.value(spec.name) for spec in self._specs}
+        values['use_sim_time'] = bool(self.value('use_sim_time'))
+        return values
 
     def _on_set(self, parameters: Sequence[Parameter]) -> SetParametersResult:
         """Refuse a change that adds a problem; values are read at the next tick (Humble has no post-set hook)."""

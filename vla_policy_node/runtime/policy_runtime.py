@@ -39,6 +39,7 @@ from ..observation_checks import CameraInput, camera_slots, checked_instruction,
 from ..policy.families import load_policy
 from ..policy.family import PolicyFamily
 from ..policy.preprocess import image_to_unit_tensor
+from ..policy.quant import check_device, quantize_model
 from ..policy.rtc import RTCSettings
 from . import action_space, report
 from .chunk import ActionChunk
@@ -91,7 +92,7 @@ class PolicyRuntime:
                  cache_enabled: bool = True, num_steps: Optional[int] = None, cuda_graphs: str = 'off',
                  static_workspace: bool = False, prompt_buckets: Optional[Sequence[int]] = None,
                  compile_denoise: bool = False, max_graphs: int = DEFAULT_MAX_GRAPHS,
-                 max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES) -> None:
+                 max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES, quantization: str = 'none') -> None:
         """``policy``: a loaded family (policy/family.py), its options in ``policy.options``.
 
         The fast path (fast_path.py): ``cuda_graphs`` auto | on | off (``on`` without CUDA raises
@@ -99,9 +100,12 @@ class PolicyRuntime:
         the graphs replay; implied by graphs); ``prompt_buckets`` pads the prompt to the smallest bucket that
         holds it (default: one bucket at tokenizer_max_length); ``compile_denoise`` wraps the loop in
         torch.compile (off by default: Jetson wheels have no Triton); ``max_graphs`` / ``max_graph_bytes``
-        bound the graph cache."""
+        bound the graph cache. ``quantization`` none | int8_weights | fp8 quantizes the model's weights in place
+        (policy/quant.py; QuantizationError where the device cannot run the mode)."""
         self.policy, self.model, self.config = policy, policy.model, policy.config
         self.device, self.dtype = policy.device, policy.compute_dtype
+        self.quantization = quantization
+        self.quantization_kernel = quantize_model(self.model, quantization, self.device)
         self.tokenizer = policy.tokenizer
         self.state_normalizer, self.action_normalizer = policy.state_normalizer, policy.action_normalizer
         self.relative_mask = action_space.relative_mask(self.config)
@@ -109,7 +113,8 @@ class PolicyRuntime:
         self.cache = PrefixCache(cache_max_bytes, cache_max_entries)
         self.cache_enabled = cache_enabled
         self.num_steps = int(num_steps or self.config.num_inference_steps)
-        self._keys = PrefixKeyBuilder(model_revision, self.tokenizer.identity, report.dtype_name(self.dtype))
+        self._keys = PrefixKeyBuilder(model_revision, self.tokenizer.identity, report.dtype_name(self.dtype),
+                                      quantization=quantization)
         self._lock = threading.Lock()
         self._warned_oversize = False
         graphs = resolve_cuda_graphs(cuda_graphs, self.device)
@@ -137,6 +142,7 @@ class PolicyRuntime:
         torch_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, torch_device)
         resolve_cuda_graphs(options.get('cuda_graphs', 'off'), torch_device)     # refused before loading anything
+        check_device(options.get('quantization', 'none'), torch_device)
         own = [name for name, parameter in inspect.signature(cls.__init__).parameters.items()
                if parameter.kind is parameter.KEYWORD_ONLY]
         runtime_options = {name: options.pop(name) for name in own if name in options}

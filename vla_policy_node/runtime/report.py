@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, Dict
 
 import torch
 
+from ..policy.quant import KERNELS, model_bytes
+
 if TYPE_CHECKING:
     from .policy_runtime import PolicyRuntime
 
@@ -35,11 +37,25 @@ def describe(runtime: 'PolicyRuntime') -> Dict[str, Any]:
     and how it runs."""
     return dict(runtime.policy.describe(), backend='local', checkpoint_path=runtime.checkpoint_path,
                 device=str(runtime.device), dtype=dtype_name(runtime.dtype), model_revision=runtime.model_revision,
-                prefix_entry_bytes=prefix_bytes(runtime.config, runtime.dtype), **fast_path_summary(runtime))
+                prefix_entry_bytes=prefix_bytes(runtime.config, runtime.dtype), **quantization_summary(runtime),
+                **fast_path_summary(runtime))
+
+
+def quantization_summary(runtime: 'PolicyRuntime') -> Dict[str, Any]:
+    """The weights' mode, the kernel that runs it (policy/quant.py KERNELS) and the model's bytes as loaded."""
+    return {'quantization': runtime.quantization, 'quantization_kernel': KERNELS[runtime.quantization_kernel],
+            'weight_bytes': model_bytes(runtime.model)}
 
 
 def summary(runtime: 'PolicyRuntime') -> str:
     """The backend's part of the configure log line."""
     return (f'loaded {runtime.config.policy_type} from {runtime.checkpoint_path or "a checkpoint"} on '
-            f'{runtime.device} ({runtime.dtype}); one cached prefix = '
+            f'{runtime.device} ({runtime.dtype}{quantized(runtime)}); one cached prefix = '
             f'{prefix_bytes(runtime.config, runtime.dtype) / 2**20:.2f} MiB')
+
+
+def quantized(runtime: 'PolicyRuntime') -> str:
+    """', int8_weights: <kernel>' for the configure line; '' unquantized."""
+    if runtime.quantization == 'none':
+        return ''
+    return f', {runtime.quantization}: {KERNELS[runtime.quantization_kernel]}'

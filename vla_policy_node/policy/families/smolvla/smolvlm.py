@@ -21,7 +21,8 @@ from torch import nn
 
 from ...config_fields import ConfigError
 from ...gemma import GemmaSize
-from ...layers import FusedProjection, GemmaMLP, LlamaRMSNorm, apply_rope, packed_linear
+from ...layers import FusedProjection, GemmaMLP, LlamaRMSNorm, apply_linear, apply_rope
+from ...quant import input_dtype
 from ...siglip import SiglipVisionTransformer, VisionSize
 
 
@@ -180,7 +181,7 @@ class LlamaDecoderLayer(nn.Module):
         attn = self.self_attn
         batch, seq, _ = x.shape
         heads, kv_heads = attn.num_heads, attn.num_kv_heads
-        h = self.input_layernorm(x).to(attn.q_proj.weight.dtype)
+        h = self.input_layernorm(x).to(input_dtype(attn.q_proj))
         qkv = attn.qkv(h).view(batch, seq, heads + 2 * kv_heads, attn.head_dim)
         qk = apply_rope(qkv[:, :, :heads + kv_heads], cos, sin)
         q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
@@ -190,8 +191,8 @@ class LlamaDecoderLayer(nn.Module):
         """A cross layer's queries only: x [B, S, W] -> q [B, H, S, D] (RoPE'd)."""
         attn = self.self_attn
         batch, seq, _ = x.shape
-        h = self.input_layernorm(x).to(attn.q_proj.weight.dtype)
-        q = packed_linear(h, attn.q_proj.weight).view(batch, seq, attn.num_heads, attn.head_dim)
+        h = self.input_layernorm(x).to(input_dtype(attn.q_proj))
+        q = apply_linear(attn.q_proj, h).view(batch, seq, attn.num_heads, attn.head_dim)
         return apply_rope(q, cos, sin).transpose(1, 2)
 
     def cross_kv(self, keys: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -201,7 +202,7 @@ class LlamaDecoderLayer(nn.Module):
         no RoPE on the result."""
         attn = self.self_attn
         batch, _, tokens, _ = keys.shape
-        weight_dtype = attn.k_proj.weight.dtype
+        weight_dtype = input_dtype(attn.k_proj)
 
         def project(t: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
             flat = t.transpose(1, 2).reshape(batch, tokens, -1).to(weight_dtype)     # [B, T, K*D]
@@ -213,8 +214,9 @@ class LlamaDecoderLayer(nn.Module):
         """attn [B, H, S, D] -> o_proj, residual, post-attention norm, MLP, residual -> x [B, S, W]."""
         batch, _, seq, _ = attn.shape
         o_proj = self.self_attn.o_proj
-        x = x + packed_linear(attn.transpose(1, 2).reshape(batch, seq, -1).to(o_proj.weight.dtype), o_proj.weight)
-        return x + self.mlp(self.post_attention_layernorm(x).to(o_proj.weight.dtype))
+        dtype = input_dtype(o_proj)
+        x = x + apply_linear(o_proj, attn.transpose(1, 2).reshape(batch, seq, -1).to(dtype))
+        return x + self.mlp(self.post_attention_layernorm(x).to(dtype))
 
 
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
