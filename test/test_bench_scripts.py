@@ -27,6 +27,8 @@ QUICK_RUNS = {
     'gpu_checks.py': (['--quick'], r'all checks passed'),
     'compare_lerobot_dataset.py': (['--quick'], r'meta/stats.json vs lerobot'),
     'compare_lerobot_smolvla.py': (['--quick'], r'lerobot vs ours'),
+    'quant_speed.py': (['--quick'], r'int8_weights +miss +[\d.]+ ms \([\d.]+x\), hit'),
+    'quant_accuracy.py': (['--quick'], r'int8_weights \(fp32\) +[\d.]+ / [\d.]+'),
 }
 # The only scripts allowed to skip, and what they may say they need.
 MAY_SKIP = {
@@ -34,8 +36,8 @@ MAY_SKIP = {
     'compare_lerobot_dataset.py': 'lerobot',
     'compare_lerobot_smolvla.py': 'lerobot',
 }
-# Tens of seconds each on a shared 2-core machine (several processes or a replay of a bag).
-SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py'}
+# Tens of seconds each on a shared 2-core machine (several processes, a replay of a bag, deep models).
+SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'quant_accuracy.py'}
 
 
 def _scripts():
