@@ -34,7 +34,7 @@ def _busy(stop) -> None:
 
 def _replay(bag: Path, params: Path, out: Path) -> dict:
     script = BIN / 'vla_policy_replay'
-    command = [str(script)] if script.exists() else [sys.executable, '-m', 'vla_policy_node.replay.offline']
+    command = [str(script)] if script.exists() else [sys.executable, '-m', 'vla_policy_node.replay.cli']
     subprocess.run(command + [str(bag), '--params', str(params), '--output', str(out), '--no-progress'],
                    check=True, capture_output=True, timeout=900)
     return json.loads((out / 'summary.json').read_text())

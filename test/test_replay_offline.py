@@ -185,7 +185,7 @@ def test_cli_reports_errors_on_one_line_with_exit_code_2(sqlite_bag, tmp_path, c
               'params_unparsable': Path('robot.yaml')}.get(case, DEMO_PARAMS)
     if case == 'params_unparsable':
         (tmp_path / 'robot.yaml').write_text('/**:\n  ros__parameters: [\n')
-    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.offline', str(bag),
+    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.cli', str(bag),
                              '--params', str(params), '--output', str(tmp_path / 'out'), '--no-progress'],
                             capture_output=True, text=True, cwd=tmp_path if case.startswith('params') else ROOT)
     assert result.returncode == 2
@@ -194,7 +194,7 @@ def test_cli_reports_errors_on_one_line_with_exit_code_2(sqlite_bag, tmp_path, c
 
 def test_cli_end_to_end_prints_the_summary(sqlite_bag, checkpoint, tmp_path):
     params = _params(tmp_path, camera_types=['raw', 'raw', 'raw'])
-    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.offline', str(sqlite_bag), '--params',
+    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.cli', str(sqlite_bag), '--params',
                              str(params), '--checkpoint', str(checkpoint), '--output', str(tmp_path / 'out'),
                              '--seed', '1'], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
