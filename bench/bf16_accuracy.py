@@ -2,6 +2,7 @@
 
     python bench/bf16_accuracy.py                      # gemma_300m x 2 streams, 18 layers, 2 cameras, 10 steps
     python bench/bf16_accuracy.py --depth 6 --seeds 1  # quicker
+    python bench/bf16_accuracy.py --quick              # 2 layers, 1 model, widths / 8, 1 camera, 2 steps (a smoke run)
 
 The model is pi0 (or --type pi05) with gemma_300m-sized language and expert streams (width 1024, 18
 layers, 8 heads, 1 kv head, head dim 256) and a small SigLIP (the vision path runs in fp32 in both
@@ -199,7 +200,10 @@ def main(argv=None) -> int:
     parser.add_argument('--no-recipe', action='store_true', help='skip the recipe (it recomputes the prefix '
                         'every step)')
     parser.add_argument('--per-layer', action='store_true', help='print the per-layer tables')
+    parser.add_argument('--quick', action='store_true', help='2 layers, 1 model, widths / 8, 1 camera, 2 steps')
     args = parser.parse_args(argv)
+    if args.quick:
+        args.depth, args.seeds, args.width_scale, args.cameras, args.steps = 2, 1, 8, 1, 2
     torch.set_num_threads(args.threads)
     if args.checkpoint is not None:
         from vla_policy_node.policy.families import load_checkpoint
