@@ -368,13 +368,13 @@ def _header(ns):
     return SimpleNamespace(stamp=SimpleNamespace(sec=ns // NS, nanosec=ns % NS))
 
 
-def _buffer(settings):
+def _buffer(settings, ns=NOW):
     buf = InputBuffer()
     for entry in settings.layout.cameras:
-        buf.put(entry, SimpleNamespace(header=_header(NOW), height=8, width=8, encoding='rgb8', step=24,
-                                       is_bigendian=0, data=bytes(range(192))), NOW)
-    buf.put(settings.layout.joint_states, SimpleNamespace(header=_header(NOW), name=JOINTS, position=[0.0] * 6), NOW)
-    buf.put(settings.layout.instruction, SimpleNamespace(data='pick'), NOW)
+        buf.put(entry, SimpleNamespace(header=_header(ns), height=8, width=8, encoding='rgb8', step=24,
+                                       is_bigendian=0, data=bytes(range(192))), ns)
+    buf.put(settings.layout.joint_states, SimpleNamespace(header=_header(ns), name=JOINTS, position=[0.0] * 6), ns)
+    buf.put(settings.layout.instruction, SimpleNamespace(data='pick'), ns)
     return buf
 
 
@@ -394,14 +394,15 @@ def test_a_remote_fault_skips_the_tick_and_the_supervisor_holds(servers, backend
     good = engine.run(buf, settings, NOW)
     assert good.skip is None and good.review.kind is PlanKind.POLICY
     server.behaviour, server.delay_sec = behaviour, 6.0
-    bad = engine.run(buf, settings, NOW + NS // 10)
+    # Newly stamped frames: the same observation again would carry nothing new and never reach the server.
+    bad = engine.run(_buffer(settings, NOW + NS // 10), settings, NOW + NS // 10)
     assert bad.skip is not None and bad.skip.reason == reason and bad.plan is None
     assert bad.review.kind is PlanKind.HOLD and len(bad.review.plan.positions) == 1      # on_fault: hold
     assert engine.stats.skipped == {reason.value: 1}
     server.behaviour = 'ok'
     backend.wait_connected(10)
     for step in range(2, 60):
-        again = engine.run(buf, settings, NOW + step * NS // 10)
+        again = engine.run(_buffer(settings, NOW + step * NS // 10), settings, NOW + step * NS // 10)
         if again.skip is None:
             break
         backend.wait_connected(5)
