@@ -28,7 +28,7 @@ the cache key (cache/key.py), so a hit returns exactly what its miss computed.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,13 @@ FP8_MIN_CAPABILITY = (8, 9)
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
 _TINY = 1e-12       # floor of a scale: an all-zero row or token quantizes to zeros, never to NaN
+# int8_weights' numbers (bench/quant_accuracy.py --options measured the alternatives): one bf16 scale per 32
+# inputs of a row, round-to-nearest, and the two groups of projections kept in the compute dtype (KEEP_*).
+INT8_GROUP = 32
+INT8_SCALE_DTYPE = torch.bfloat16
+INT8_CLIPS: Tuple[float, ...] = (1.0,)
+KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` module (the families name it)
+KEEP_SHARED_KV = True         # k/v projections narrower than their q (grouped-query attention)
 
 KERNELS = {   # kernel -> what /diagnostics says runs
     'none': 'unquantized',
@@ -94,11 +101,51 @@ def check_device(mode: str, device: torch.device, capability: Optional[Tuple[int
 
 # ---- the numbers --------------------------------------------------------------------------------------------
 
-def int8_rows(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> int8 [N, K] and fp32 scales [N] with weight ~= q * scale (symmetric, per row)."""
-    w = weight.detach().float()
-    scale = (w.abs().amax(dim=-1) / INT8_MAX).clamp_min(_TINY)
-    return torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+def int8_rows(weight: torch.Tensor, group: Optional[int] = None, clips: Tuple[float, ...] = (1.0,),
+              scale_dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> int8 [N, K] and scales [N, G] in ``scale_dtype`` with weight ~= q * scale (symmetric),
+    one scale per ``group`` consecutive inputs of a row (G = K / group; one per row where ``group`` is None or
+    does not divide K). The int8 values are rounded against the stored (rounded) scale, so a bf16 scale costs
+    no gain error, only at most a quarter step of clipping on a group's largest value.
+
+    ``clips``: the ratios of max|w| a group's scale may clip to; the one with the least squared rounding error
+    of that group wins (round-to-nearest: ``(1.0,)``; bench/quant_accuracy.py --options measures the search).
+    Works on the meta device (shapes only, no search)."""
+    rows, columns = weight.shape
+    size = group if group and columns % group == 0 else columns
+    w = weight.detach().float().reshape(rows, columns // size, size)
+    peak = w.abs().amax(dim=-1)
+
+    def scale_at(clip: float, part: torch.Tensor) -> torch.Tensor:
+        return (part * clip / INT8_MAX).clamp_min(_TINY).to(scale_dtype).float()
+
+    scale = scale_at(clips[0], peak)
+    if len(clips) > 1 and w.device.type != 'meta':
+        for start in range(0, rows, 4096):                 # row blocks: the search holds one block's copies
+            block, block_peak = w[start:start + 4096], peak[start:start + 4096]
+            best = torch.full_like(block_peak, float('inf'))
+            chosen = scale[start:start + 4096]
+            for clip in clips:
+                candidate = scale_at(clip, block_peak)
+                q = torch.round(block / candidate[..., None]).clamp_(-INT8_MAX, INT8_MAX)
+                err = q.mul_(candidate[..., None]).sub_(block).square_().sum(dim=-1)
+                better = err < best
+                best, chosen = torch.where(better, err, best), torch.where(better, candidate, chosen)
+            scale[start:start + 4096] = chosen
+    q = torch.round(w / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q.reshape(rows, columns), scale.to(scale_dtype)
+
+
+def int8_weights(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """int8_rows with int8_weights' settings (INT8_GROUP, INT8_CLIPS, INT8_SCALE_DTYPE)."""
+    return int8_rows(weight, INT8_GROUP, INT8_CLIPS, INT8_SCALE_DTYPE)
+
+
+def int8_dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 [..., K] and scales [..., G] (int8_rows) -> fp32 [..., K]."""
+    groups = scale.shape[-1]
+    shape = qweight.shape
+    return (qweight.reshape(*shape[:-1], groups, shape[-1] // groups) * scale[..., None].float()).reshape(shape)
 
 
 def fp8_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +184,7 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, mode: str, kernel: str) -> 'QuantizedLinear':
         with torch.no_grad():
-            quantize = int8_rows if mode == 'int8_weights' else fp8_rows
+            quantize = int8_weights if mode == 'int8_weights' else fp8_rows
             qweight, scale = quantize(linear.weight)
             bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(mode, kernel, qweight, scale, bias, linear.weight.dtype)
@@ -154,7 +201,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
     """x [..., in] -> [..., out] in x's dtype, through the kernel ``check_device`` chose."""
     if mode == 'int8_weights':
         # fp32 dequantization, rounded once to the compute dtype: the GEMM is the unquantized one's
-        weight = (qweight * scale[:, None]).to(x.dtype)
+        weight = int8_dequantize(qweight, scale).to(x.dtype)
         return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
     flat = x.reshape(-1, x.shape[-1])
     out = _fp8_matmul(flat, qweight.view(torch.float8_e4m3fn), scale, reference=kernel == 'fp8_reference')
@@ -168,14 +215,14 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, embedding: nn.Embedding) -> None:
         super().__init__()
-        qweight, scale = int8_rows(embedding.weight)
+        qweight, scale = int8_weights(embedding.weight)
         self.dtype = embedding.weight.dtype
         self.num_embeddings, self.embedding_dim = qweight.shape
         self.register_buffer('qweight', qweight)
         self.register_buffer('scale', scale)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return (self.qweight[tokens] * self.scale[tokens][..., None]).to(self.dtype)
+        return int8_dequantize(self.qweight[tokens], self.scale[tokens]).to(self.dtype)
 
 
 def input_dtype(linear: nn.Module) -> torch.dtype:
@@ -215,6 +262,29 @@ def quantizable(name: str, module: nn.Module, mode: str) -> bool:
     return mode == 'int8_weights' and isinstance(module, nn.Embedding) and parts[-1] in EMBEDDINGS
 
 
+def kept_in_compute_dtype(model: nn.Module, mode: str) -> FrozenSet[str]:
+    """The names of the projections int8_weights leaves in the compute dtype although ``quantizable`` holds
+    (bench/quant_accuracy.py --ablation --options measured why): every module of the model's ``action_expert``
+    (its error enters every denoising step and the actions directly; ~9% of pi0's weights), and every k/v
+    projection narrower than its block's q projection (grouped-query attention: one k/v head serves several
+    query heads, so its rounding error is shared by all of them; under 1% of the weights). fp8 keeps none."""
+    if mode != 'int8_weights':
+        return frozenset()
+    names = set()
+    expert = getattr(model, 'action_expert', None)
+    if KEEP_ACTION_EXPERT and isinstance(expert, nn.Module):
+        inside = {id(module) for module in expert.modules()}
+        names.update(name for name, module in model.named_modules() if id(module) in inside)
+    if KEEP_SHARED_KV:
+        for name, module in model.named_modules():
+            parent_name, _, child = name.rpartition('.')
+            if child in ('k_proj', 'v_proj') and isinstance(module, nn.Linear):
+                query = getattr(model.get_submodule(parent_name), 'q_proj', None)
+                if isinstance(query, nn.Linear) and query.out_features > module.out_features:
+                    names.add(name)
+    return frozenset(names)
+
+
 def check_shapes(model: nn.Module, mode: str, kernel: str) -> None:
     """torch._scaled_mm needs both dims of every weight to be multiples of 16; QuantizationError otherwise."""
     if kernel != 'fp8_scaled_mm':
@@ -239,9 +309,11 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device,
         return kernel
     check_shapes(model, mode, kernel)
     replaced: Dict[int, nn.Module] = {}
+    kept = kept_in_compute_dtype(model, mode)
     with torch.inference_mode(False), torch.no_grad():
         for name, module in list(model.named_modules()):
-            if not name or not quantizable(name, module, mode) or (only is not None and not only(name)):
+            if (not name or not quantizable(name, module, mode) or name in kept
+                    or (only is not None and not only(name))):
                 continue
             parent_name, _, child = name.rpartition('.')
             parent = model.get_submodule(parent_name) if parent_name else model
