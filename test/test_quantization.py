@@ -95,8 +95,7 @@ def _deep_model(seed: int = 0) -> PiZeroModel:
     return fuse_projections(model)
 
 
-def _actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
-    config = model.config
+def _inputs(config, seed: int = 5):
     generator = torch.Generator().manual_seed(seed)
     height, width = config.image_resolution
     images = torch.rand(1, 2, 3, height, width, generator=generator) * 2 - 1
@@ -105,16 +104,31 @@ def _actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
     token_mask[:, :12] = True
     state = torch.randn(1, config.max_state_dim, generator=generator)
     noise = torch.randn(1, config.chunk_size, config.max_action_dim, generator=generator)
+    return images, torch.ones(1, 2, dtype=torch.bool), tokens, token_mask, state, noise
+
+
+def _actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
+    images, image_masks, tokens, token_mask, state, noise = _inputs(model.config, seed)
     with torch.no_grad():
-        context = model.fill_prefix(images, torch.ones(1, 2, dtype=torch.bool), tokens, token_mask)
-        return model.denoise(context, state, noise, 4)[0, :, :config.action_dim].double()
+        context = model.fill_prefix(images, image_masks, tokens, token_mask)
+        return model.denoise(context, state, noise, 4)[0, :, :model.config.action_dim].double()
+
+
+def _recipe_actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
+    """lerobot's bf16 recipe (test_model_parity.ref_sample_actions on the bf16-cast model), same inputs."""
+    import test_model_parity as parity
+
+    model.set_compute_dtype(torch.bfloat16)
+    with torch.no_grad():
+        actions = parity.ref_sample_actions(model, *_inputs(model.config, seed), 4)
+    return actions[0, :, :model.config.action_dim].double()
 
 
 @pytest.fixture(scope='module')
 def deep_errors():
-    """max |actions - fp32 actions| under bf16 and each mode (fp32 and bf16 compute)."""
+    """max |actions - fp32 actions| under bf16, lerobot's bf16 recipe and each mode (fp32 and bf16 compute)."""
     reference = _actions(_deep_model())
-    errors = {}
+    errors = {('recipe', torch.bfloat16): float((_recipe_actions(_deep_model()) - reference).abs().max())}
     for dtype in (torch.float32, torch.bfloat16):
         for mode in ('none',) + MODES:
             if mode == 'none' and dtype == torch.float32:

@@ -42,13 +42,14 @@ FP8_MIN_CAPABILITY = (8, 9)
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
 _TINY = 1e-12       # floor of a scale: an all-zero row or token quantizes to zeros, never to NaN
-# int8_weights' numbers (bench/quant_accuracy.py --options measured the alternatives): one bf16 scale per 32
+# int8_weights' numbers (bench/quant_accuracy.py --options measured the alternatives): one bf16 scale per 64
 # inputs of a row, round-to-nearest, and the two groups of projections kept in the compute dtype (KEEP_*).
-INT8_GROUP = 32
+INT8_GROUP = 64
 INT8_SCALE_DTYPE = torch.bfloat16
 INT8_CLIPS: Tuple[float, ...] = (1.0,)
 KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` module (the families name it)
 KEEP_SHARED_KV = True         # k/v projections narrower than their q (grouped-query attention)
+KEEP_ATTENTION_OUTPUT = True  # the attention output projections (o_proj) of the Gemma / Llama blocks
 
 KERNELS = {   # kernel -> what /diagnostics says runs
     'none': 'unquantized',
@@ -265,9 +266,10 @@ def quantizable(name: str, module: nn.Module, mode: str) -> bool:
 def kept_in_compute_dtype(model: nn.Module, mode: str) -> FrozenSet[str]:
     """The names of the projections int8_weights leaves in the compute dtype although ``quantizable`` holds
     (bench/quant_accuracy.py --ablation --options measured why): every module of the model's ``action_expert``
-    (its error enters every denoising step and the actions directly; ~9% of pi0's weights), and every k/v
-    projection narrower than its block's q projection (grouped-query attention: one k/v head serves several
-    query heads, so its rounding error is shared by all of them; under 1% of the weights). fp8 keeps none."""
+    (its error enters every denoising step and the actions directly; ~9% of pi0's weights), the attention
+    output projections ``o_proj`` (each block's attention enters the residual stream through it; ~2%), and
+    every k/v projection narrower than its block's q projection (grouped-query attention: one k/v head serves
+    several query heads, so its rounding error is shared by all of them; under 1%). fp8 keeps none."""
     if mode != 'int8_weights':
         return frozenset()
     names = set()
@@ -275,13 +277,14 @@ def kept_in_compute_dtype(model: nn.Module, mode: str) -> FrozenSet[str]:
     if KEEP_ACTION_EXPERT and isinstance(expert, nn.Module):
         inside = {id(module) for module in expert.modules()}
         names.update(name for name, module in model.named_modules() if id(module) in inside)
-    if KEEP_SHARED_KV:
-        for name, module in model.named_modules():
-            parent_name, _, child = name.rpartition('.')
-            if child in ('k_proj', 'v_proj') and isinstance(module, nn.Linear):
-                query = getattr(model.get_submodule(parent_name), 'q_proj', None)
-                if isinstance(query, nn.Linear) and query.out_features > module.out_features:
-                    names.add(name)
+    for name, module in model.named_modules():
+        parent_name, _, child = name.rpartition('.')
+        if KEEP_ATTENTION_OUTPUT and child == 'o_proj' and isinstance(module, nn.Linear):
+            names.add(name)
+        if KEEP_SHARED_KV and child in ('k_proj', 'v_proj') and isinstance(module, nn.Linear):
+            query = getattr(model.get_submodule(parent_name), 'q_proj', None)
+            if isinstance(query, nn.Linear) and query.out_features > module.out_features:
+                names.add(name)
     return frozenset(names)
 
 
