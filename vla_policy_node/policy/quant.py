@@ -4,19 +4,22 @@ What is quantized (every family alike, chosen by module name, so no family is na
 - the projections of the transformer blocks: every ``nn.Linear`` named ``...layers.<i>...<proj>`` with
   ``<proj>`` one of ``PROJECTIONS`` (attention q/k/v/o, MLP gate/up/down, SigLIP fc1/fc2). They hold
   ~83% of pi0's weights and run every GEMM that matters;
-- under int8_weights also the token embedding tables (``embed_tokens``), one int8 row per token with its
-  scale: a look-up, no matmul, ~16% of pi0's weights (the 257k x 2048 PaliGemma table).
-What stays in the compute dtype (or fp32 where the model keeps it): norms (and pi0.5's adaptive-norm
-dense layers), the patch and position embeddings, the vision->language projector, the state / action /
-time projections around the action expert, the lm head (not loaded). Together under 1% of the weights
+- under int8_weights also the token embedding tables (``embed_tokens``), int8 rows with their scales: a
+  look-up, no matmul, ~16% of pi0's weights (the 257k x 2048 PaliGemma table).
+What int8_weights keeps in the compute dtype although it is a block projection (``kept_in_compute_dtype``,
+measured by bench/quant_accuracy.py --ablation / --options): the action expert, the attention output
+projections and grouped-query k/v projections, ~12% of pi0's weights, which carry most of int8's action error.
+What stays in the compute dtype (or fp32 where the model keeps it) under every mode: norms (and pi0.5's
+adaptive-norm dense layers), the patch and position embeddings, the vision->language projector, the state /
+action / time projections around the action expert, the lm head (not loaded). Together under 1% of the weights
 and the first / last step of every action: bench/quant_accuracy.py measures what quantizing them would add.
 
 Modes and kernels (``check_device`` picks the kernel for a device, or refuses):
-- ``int8_weights``: symmetric per-output-channel int8 weights, scale = max|w_row| / 127; activations stay
-  in the compute dtype. CUDA (Ampere and newer, no Triton needed): the int8 rows are dequantized into the
-  compute dtype per matmul (memory is the gain: weights at about half their bf16 bytes). CPU: the same
-  dequantizing kernel (``int8_dequantize``); torch's own packed int8 kernels measured slower or less exact
-  (bench/quant_accuracy.py --kernels prints them).
+- ``int8_weights``: symmetric int8 weights, one bf16 scale per 64 inputs of each output row (scale =
+  max|w_group| / 127); activations stay in the compute dtype. CUDA (Ampere and newer, no Triton needed): the
+  int8 rows are dequantized into the compute dtype per matmul (memory is the gain: pi0's weights at 0.51x
+  their bf16 bytes). CPU: the same dequantizing kernel (``int8_dequantize``); torch's own packed int8 kernels
+  measured slower or less exact (bench/quant_speed.py --kernels prints them).
 - ``fp8``: e4m3 weights with per-output-channel scales (max|w_row| / 448) and e4m3 activations with
   per-token dynamic scales (max|x_token| / 448). CUDA with compute capability >= 8.9: ``torch._scaled_mm``
   (cuBLASLt) with unit scales and fp32 output, the two scales applied after it. CPU: a reference that
@@ -42,11 +45,11 @@ FP8_MIN_CAPABILITY = (8, 9)
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
 _TINY = 1e-12       # floor of a scale: an all-zero row or token quantizes to zeros, never to NaN
-# int8_weights' numbers (bench/quant_accuracy.py --options measured the alternatives): one bf16 scale per 64
-# inputs of a row, round-to-nearest, and the two groups of projections kept in the compute dtype (KEEP_*).
+# int8_weights' numbers (bench/quant_accuracy.py --options measures the alternatives): one bf16 scale per 64
+# inputs of a row, round-to-nearest, and three kinds of projections kept in the compute dtype (KEEP_*; the
+# bench switches these to measure them, the node never does).
 INT8_GROUP = 64
 INT8_SCALE_DTYPE = torch.bfloat16
-INT8_CLIPS: Tuple[float, ...] = (1.0,)
 KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` module (the families name it)
 KEEP_SHARED_KV = True         # k/v projections narrower than their q (grouped-query attention)
 KEEP_ATTENTION_OUTPUT = True  # the attention output projections (o_proj) of the Gemma / Llama blocks
@@ -102,44 +105,25 @@ def check_device(mode: str, device: torch.device, capability: Optional[Tuple[int
 
 # ---- the numbers --------------------------------------------------------------------------------------------
 
-def int8_rows(weight: torch.Tensor, group: Optional[int] = None, clips: Tuple[float, ...] = (1.0,),
+def int8_rows(weight: torch.Tensor, group: Optional[int] = None,
               scale_dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> int8 [N, K] and scales [N, G] in ``scale_dtype`` with weight ~= q * scale (symmetric),
-    one scale per ``group`` consecutive inputs of a row (G = K / group; one per row where ``group`` is None or
-    does not divide K). The int8 values are rounded against the stored (rounded) scale, so a bf16 scale costs
-    no gain error, only at most a quarter step of clipping on a group's largest value.
-
-    ``clips``: the ratios of max|w| a group's scale may clip to; the one with the least squared rounding error
-    of that group wins (round-to-nearest: ``(1.0,)``; bench/quant_accuracy.py --options measures the search).
-    Works on the meta device (shapes only, no search)."""
+    """weight [N, K] -> int8 [N, K] and scales [N, G] in ``scale_dtype`` with weight ~= q * scale (symmetric,
+    round-to-nearest), one scale per ``group`` consecutive inputs of a row (G = K / group; one per row where
+    ``group`` is None or does not divide K). The int8 values are rounded against the stored (rounded) scale, so
+    a bf16 scale costs no gain error, only at most a quarter step of clipping on a group's largest value.
+    (An MSE-optimal clip of each scale, searched per group, lowered no action error measurably at 8 bits:
+    clipping one large weight costs more than the finer steps of the others win.)"""
     rows, columns = weight.shape
     size = group if group and columns % group == 0 else columns
     w = weight.detach().float().reshape(rows, columns // size, size)
-    peak = w.abs().amax(dim=-1)
-
-    def scale_at(clip: float, part: torch.Tensor) -> torch.Tensor:
-        return (part * clip / INT8_MAX).clamp_min(_TINY).to(scale_dtype).float()
-
-    scale = scale_at(clips[0], peak)
-    if len(clips) > 1 and w.device.type != 'meta':
-        for start in range(0, rows, 4096):                 # row blocks: the search holds one block's copies
-            block, block_peak = w[start:start + 4096], peak[start:start + 4096]
-            best = torch.full_like(block_peak, float('inf'))
-            chosen = scale[start:start + 4096]
-            for clip in clips:
-                candidate = scale_at(clip, block_peak)
-                q = torch.round(block / candidate[..., None]).clamp_(-INT8_MAX, INT8_MAX)
-                err = q.mul_(candidate[..., None]).sub_(block).square_().sum(dim=-1)
-                better = err < best
-                best, chosen = torch.where(better, err, best), torch.where(better, candidate, chosen)
-            scale[start:start + 4096] = chosen
+    scale = (w.abs().amax(dim=-1) / INT8_MAX).clamp_min(_TINY).to(scale_dtype).float()
     q = torch.round(w / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q.reshape(rows, columns), scale.to(scale_dtype)
 
 
 def int8_weights(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """int8_rows with int8_weights' settings (INT8_GROUP, INT8_CLIPS, INT8_SCALE_DTYPE)."""
-    return int8_rows(weight, INT8_GROUP, INT8_CLIPS, INT8_SCALE_DTYPE)
+    """int8_rows with int8_weights' settings (INT8_GROUP, INT8_SCALE_DTYPE)."""
+    return int8_rows(weight, INT8_GROUP, INT8_SCALE_DTYPE)
 
 
 def int8_dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -282,8 +266,8 @@ def kept_in_compute_dtype(model: nn.Module, mode: str) -> FrozenSet[str]:
         if KEEP_ATTENTION_OUTPUT and child == 'o_proj' and isinstance(module, nn.Linear):
             names.add(name)
         if KEEP_SHARED_KV and child in ('k_proj', 'v_proj') and isinstance(module, nn.Linear):
-            query = getattr(model.get_submodule(parent_name), 'q_proj', None)
-            if isinstance(query, nn.Linear) and query.out_features > module.out_features:
+            query = getattr(model.get_submodule(parent_name), 'q_proj', None)      # nn.Linear or quantized
+            if getattr(query, 'out_features', 0) > module.out_features:
                 names.add(name)
     return frozenset(names)
 
