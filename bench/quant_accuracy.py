@@ -13,8 +13,9 @@ layers, expert 0.75, chunk 50, weights N(0, 0.02)), two 640x480 frames, through 
 here: bench/compare_lerobot_smolvla.py has lerobot's, it needs lerobot). Errors in the model's normalised
 action space. int8 / fp8 "(fp32)" compute in fp32 (what the CPU runs), "(bf16)" in bf16 (what a GPU runs).
 
---ablation: int8_weights of one part only (vision, language model, action expert, token table), and of
-everything including the small projections the mode keeps (state / action / time / vision->language).
+--ablation: int8_weights' numbers (nothing kept) on one part only (vision, language model, action expert, token
+table, each projection kind of the language model), and int8_weights plus the small projections every mode
+keeps (state / action / time / vision->language).
 
 --options: int8_weights' alternatives (scale group, scale dtype, which projections stay in the compute dtype),
 each with its action error and the full-size pi0 / pi0.5 weight bytes (the doctor's count, meta device).
@@ -60,6 +61,10 @@ PARTS: Dict[str, Callable[[str], bool]] = {
     'action expert': lambda name: '.gemma_expert.' in name or '.lm_expert.' in name,
     'token table': lambda name: 'embed_tokens' in name,
 }
+LM_KINDS = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')   # --ablation's rows
+for _kind in LM_KINDS:
+    PARTS[f'language model {_kind}'] = (lambda name, kind=_kind: PARTS['language model'](name)
+                                        and name.endswith(kind))
 ALSO_SMALL = 'int8 everything (+ small projections)'
 
 
@@ -139,7 +144,11 @@ def print_options(types: List[str], depth: int, width_scale: int, steps: int, se
 
 def apply(model: nn.Module, dtype: torch.dtype, mode: str, only, label: str) -> nn.Module:
     model.set_compute_dtype(dtype)
-    quantize_model(model, mode, torch.device('cpu'), only=only)
+    if only is None:
+        quantize_model(model, mode, torch.device('cpu'))
+    else:       # one part at a time: the mode's numbers with nothing kept, so that every part can be measured
+        with int8_option('group 64, bf16 scales, nothing kept'):
+            quantize_model(model, mode, torch.device('cpu'), only=only)
     if label == ALSO_SMALL:
         quantize_small_too(model)
     return model
