@@ -70,7 +70,7 @@ setup(
     entry_points={
         'console_scripts': [
             'vla_policy_node = vla_policy_node.ros.main:main',
-            'vla_policy_replay = vla_policy_node.replay.offline:main',
+            'vla_policy_replay = vla_policy_node.replay.cli:main',
             'vla_policy_play = vla_policy_node.replay.play:main',
             'vla_policy_make_bag = vla_policy_node.replay.make_bag:main',
             'vla_policy_make_checkpoint = vla_policy_node.policy.tiny_default:main',

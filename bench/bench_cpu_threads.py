@@ -1,6 +1,7 @@
 """cpu_threads: auto (0) against torch's default (-1) and fixed counts, through vla_policy_replay.
 
     python bench/bench_cpu_threads.py [--settings -1,0,1,2] [--repeats 3] [--competitors 1]
+    python bench/bench_cpu_threads.py --quick    # auto and 1 thread, one 1 s replay each, no competitor
 
 Each run is a real ``vla_policy_replay`` process on the sample bag with the shipped
 config/vla_policy.yaml (builtin:tiny), only ``cpu_threads`` changed; settings alternate within
@@ -33,19 +34,22 @@ def _busy(stop) -> None:
 
 def _replay(bag: Path, params: Path, out: Path) -> dict:
     script = BIN / 'vla_policy_replay'
-    command = [str(script)] if script.exists() else [sys.executable, '-m', 'vla_policy_node.replay.offline']
+    command = [str(script)] if script.exists() else [sys.executable, '-m', 'vla_policy_node.replay.cli']
     subprocess.run(command + [str(bag), '--params', str(params), '--output', str(out), '--no-progress'],
                    check=True, capture_output=True, timeout=900)
     return json.loads((out / 'summary.json').read_text())
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--settings', default='-1,0,1,2', help='cpu_threads values (default -1,0,1,2)')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--duration', type=float, default=4.0, help='sample bag seconds (default 4)')
     parser.add_argument('--competitors', type=int, default=1, help='busy processes beside the replay (default 1)')
-    args = parser.parse_args()
+    parser.add_argument('--quick', action='store_true', help='settings 0,1, one repeat, a 1 s bag, no competitor')
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.settings, args.repeats, args.duration, args.competitors = '0,1', 1, 1.0, 0
     settings = [int(v) for v in args.settings.split(',')]
     from vla_policy_node.settings import cpu_threads, usable_cpus
 

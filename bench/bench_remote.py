@@ -1,6 +1,7 @@
 """What the openpi wire adds over local inference, on loopback (prints, never asserts).
 
     python bench/bench_remote.py [--runs 100] [--threads 1] [--size 480x640]
+    python bench/bench_remote.py --quick     # 5 runs of 96x128 frames (a smoke run)
 
 The tiny pi0 (random weights) with three RGB frames: locally (PolicyRuntime.infer) and through the
 remote backend against ``vla_policy_serve`` in its own process on 127.0.0.1, raw frames and resized to
@@ -83,7 +84,10 @@ def main(argv=None) -> int:
     parser.add_argument('--runs', type=int, default=100)
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--size', default='480x640', help='camera frame HxW')
+    parser.add_argument('--quick', action='store_true', help='5 runs, 96x128 frames')
     args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.size = 5, '96x128'
     height, width = (int(v) for v in args.size.split('x'))
     set_cpu_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix='bench_remote_'))

@@ -2,6 +2,7 @@
 
     python bench/bench_rtc.py                 # tiny pi0 + the demo's 6 s sample bag, CPU (about a minute)
     python bench/bench_rtc.py --no-replay --device cuda --dtype bfloat16 --presets pi0   # guidance cost on a GPU
+    python bench/bench_rtc.py --quick         # 2 s bag, one latency, tiny only, 3 runs (the suite's smoke run)
 
 1. The demo's sample bag through vla_policy_replay (the node's own tick) with
    chunking independent and rtc, at several simulated latencies: the hand-over
@@ -31,22 +32,21 @@ if str(ROOT) not in sys.path:
 from bench_runtime import camera_frames, random_runtime  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.policy.rtc import RTCSettings  # noqa: E402
-from vla_policy_node.policy.families.pi0.tiny_tokenizer import build_test_tokenizer  # noqa: E402
-from vla_policy_node.policy.families.pi0.tokenizer import PromptTokenizer  # noqa: E402
 from vla_policy_node.runtime import resolve_device, resolve_dtype  # noqa: E402
 
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
 
 
-def handover_table(work: Path, latencies_ms) -> None:
+def handover_table(work: Path, latencies_ms, duration_sec: float) -> None:
     # The replay needs rosbags; imported here so --no-replay runs where only torch is installed.
     from vla_policy_node.policy.tiny_default import write_tiny_default
     from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag
     from vla_policy_node.replay.offline import replay
 
     checkpoint = write_tiny_default(work / 'tiny_pi0')
-    bag = write_sample_bag(work / 'bag', SampleBagSpec(duration_sec=6.0))
-    print('hand-over on the sample bag (tiny pi0, 10 Hz ticks, 0.1 s actions, execute_steps 10), radians:')
+    bag = write_sample_bag(work / 'bag', SampleBagSpec(duration_sec=duration_sec))
+    print(f'hand-over on a {duration_sec:g} s sample bag (tiny pi0, 10 Hz ticks, 0.1 s actions, execute_steps 10), '
+          'radians:')
     print('| latency | chunking | hand-overs | jump p50 | jump p95 | overlap p50 | overlap p95 | continued |')
     print('|---|---|---|---|---|---|---|---|')
     for latency in latencies_ms:
@@ -59,9 +59,9 @@ def handover_table(work: Path, latencies_ms) -> None:
                   f"{overlap['p50']:.4f} | {overlap['p95']:.4f} | {result.summary['chunks_continued']} |")
 
 
-def guidance_cost(preset_name: str, depth: int, runs: int, tokenizer: PromptTokenizer, device: torch.device,
+def guidance_cost(preset_name: str, depth: int, runs: int, scratch: Path, device: torch.device,
                   dtype: torch.dtype) -> None:
-    runtime = random_runtime(preset_name, device, dtype, tokenizer, depth)
+    runtime = random_runtime(preset_name, device, dtype, scratch, depth)
     config = runtime.config
     observation = Observation(camera_frames(config.camera_names, seed=1), np.zeros(config.state_dim),
                               'pick up the red block')
@@ -79,7 +79,7 @@ def guidance_cost(preset_name: str, depth: int, runs: int, tokenizer: PromptToke
     print(f'| {preset_name} ({layers} layers) | {p:.2f} ms | {g:.2f} ms | {100 * (g - p) / p:+.1f}% |')
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--latencies-ms', default='0,150,250', help='simulated latencies for the replay')
     parser.add_argument('--runs', type=int, default=20, help='denoise timing runs per config')
@@ -89,21 +89,24 @@ def main() -> int:
     parser.add_argument('--presets', default='tiny,pi0_shallow', help='configs for the guidance cost')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--dtype', default='float32')
-    args = parser.parse_args()
+    parser.add_argument('--quick', action='store_true', help='a 2 s bag, latency 150 ms only, tiny only, 3 runs')
+    args = parser.parse_args(argv)
+    duration = 6.0
+    if args.quick:
+        duration, args.latencies_ms, args.presets, args.runs = 2.0, '150', 'tiny', 3
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         if not args.no_replay:
-            handover_table(work, [float(v) for v in args.latencies_ms.split(',')])
+            handover_table(work, [float(v) for v in args.latencies_ms.split(',')], duration)
         print(f'\ndenoise stage on a cache hit, median of {args.runs} runs ({device}, {dtype}):')
         print('| config | plain | guided | extra |')
         print('|---|---|---|---|')
-        tokenizer = PromptTokenizer.from_path(build_test_tokenizer(work / 'tokenizer'))
         for name in args.presets.split(','):
             runs = args.runs if name == 'tiny' or device.type == 'cuda' else max(3, args.runs // 4)
-            guidance_cost(name, args.depth, runs, tokenizer, device, dtype)
+            guidance_cost(name, args.depth, runs, work, device, dtype)
     return 0
 
 

@@ -3,6 +3,7 @@
     python bench/bench_runtime.py                      # tiny + pi0_shallow on CPU (about a minute)
     python bench/bench_runtime.py --presets pi0 --device cuda --dtype bfloat16   # full pi0 on a GPU
     python bench/bench_runtime.py --presets smolvla_tiny,smolvla   # SmolVLA: tiny and the real shape, 2 cameras
+    python bench/bench_runtime.py --quick              # tiny only, 2 runs, a small peak GEMM (seconds; a smoke run)
 
 Weights are random (timing does not depend on their values); observations are
 three 640x480 rgb8 frames, an instruction and a state. A "miss" changes one
@@ -271,14 +272,19 @@ def main(argv=None) -> int:
     parser.add_argument('--peak-size', type=int, default=0, help='square GEMM size for the peak (0: 2048 on a CPU, '
                         '8192 on a GPU)')
     parser.add_argument('--json', type=Path, help='also write the figures here')
+    parser.add_argument('--quick', action='store_true', help='tiny only, 2 runs after 1, a 512 GEMM peak, fewer '
+                        'repeats of the small timings (figures too coarse to quote)')
     args = parser.parse_args(argv)
+    repeats = 200
+    if args.quick:
+        args.presets, args.runs, args.warmup, args.peak_size, repeats = 'tiny', 2, 1, args.peak_size or 512, 10
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     report: Dict[str, object] = {'device': str(device), 'dtype': str(dtype).replace('torch.', ''),
                                  'torch': torch.__version__, 'threads': torch.get_num_threads(),
-                                 'hash': bench_hash()}
+                                 'hash': bench_hash(repeats)}
     hashing = report['hash']
     peak_size = args.peak_size or PEAK_GEMM_SIZE.get(device.type, 2048)
     peak = peak_gemm_gflops(device, dtype, peak_size)
@@ -322,7 +328,7 @@ def main(argv=None) -> int:
                     print(f"  full pi0 from the {label}: prefix {est['prefix_ms']:.0f} ms, denoise "
                           f"{est['denoise_ms']:.0f} ms, miss / hit = {est['miss_over_hit']:.2f}x "
                           f"(target 10x; FLOPs alone allow {est['flop_miss_over_hit']:.2f}x)")
-            overhead = hit_overhead_ms(runtime)
+            overhead = hit_overhead_ms(runtime, repeats)
             report[name]['hit_overhead_ms'] = overhead
             print('  hit path outside the model, 3 x 640x480 rgb8: '
                   + ', '.join(f'{stage} {ms:.3f}' for stage, ms in overhead.items()) + ' ms (target total < 1 ms)')

@@ -2,6 +2,7 @@
 
     python bench/bf16_accuracy.py                      # gemma_300m x 2 streams, 18 layers, 2 cameras, 10 steps
     python bench/bf16_accuracy.py --depth 6 --seeds 1  # quicker
+    python bench/bf16_accuracy.py --quick              # 2 layers, 1 model, widths / 8, 1 camera, 2 steps (a smoke run)
 
 The model is pi0 (or --type pi05) with gemma_300m-sized language and expert streams (width 1024, 18
 layers, 8 heads, 1 kv head, head dim 256) and a small SigLIP (the vision path runs in fp32 in both
@@ -53,16 +54,15 @@ def deep_config(policy_type: str, depth: int, cameras: int, width_scale: int = 1
 
 def randomize(model: torch.nn.Module, seed: int, init: str = 'scaled') -> None:
     """'scaled': weights at 1/sqrt(fan_in) (activations of order one at every depth), biases N(0, 0.02), norms
-    N(0, 0.1). 'lerobot': a freshly initialised lerobot model (weights N(0, 0.02), norms and biases 0)."""
+    N(0, 0.1). 'lerobot': as lerobot's ``PI0Policy(config)`` initialises pi0 (test_model_parity's
+    ``randomize_like_lerobot_``)."""
+    if init == 'lerobot':
+        parity.randomize_like_lerobot_(model, seed)
+        return
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if init == 'lerobot':
-                if param.dim() >= 2:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-                else:
-                    param.zero_()
-            elif param.dim() >= 2:
+            if param.dim() >= 2:
                 fan_in = param[0].numel() if 'embed' not in name else 1
                 param.copy_(torch.randn(param.shape, generator=generator) / fan_in ** 0.5)
             elif 'norm' in name:
@@ -116,26 +116,41 @@ def _rope_bf16(x, cos, sin):
 ORIGINAL = {'attention': layers.grouped_query_attention, 'rope': layers.apply_rope}
 
 
+def _rounded_stream_input(self, x, dtype):
+    """Tokens rounded to the compute dtype before they enter the fp32 residual stream (the code before issue 25)."""
+    return x.to(dtype).float() if self.residual_fp32 else x.to(dtype)
+
+
+ORIGINAL['stream_input'] = gemma.GemmaStack.stream_input
+
+
 @contextlib.contextmanager
-def patched(attention: Callable = None, rope: Callable = None, residual_fp32: bool = True) -> Iterator[None]:
+def patched(attention: Callable = None, rope: Callable = None, residual_fp32: bool = True,
+            round_inputs: bool = False) -> Iterator[None]:
     default = gemma.GemmaStack.residual_fp32
     try:
         if attention is not None:
             gemma.grouped_query_attention = attention
         if rope is not None:
             gemma.apply_rope = rope
+        if round_inputs:
+            gemma.GemmaStack.stream_input = _rounded_stream_input
         gemma.GemmaStack.residual_fp32 = residual_fp32
         yield
     finally:
         gemma.grouped_query_attention = ORIGINAL['attention']
         gemma.apply_rope = ORIGINAL['rope']
+        gemma.GemmaStack.stream_input = ORIGINAL['stream_input']
         gemma.GemmaStack.residual_fp32 = default
 
 
 # 'ours' is the current code; 'before' is it with the residual stream rounded to bf16 after every add, as
-# before the fix (and as lerobot does). The others switch one stage of 'ours' to another precision.
+# before issue 17 (and as lerobot does); 'tokens rounded at entry' is it with the tokens made outside the stacks
+# rounded to bf16 before they enter the fp32 stream, as before issue 25. The others switch one stage of 'ours'
+# to another precision.
 VARIANTS: Dict[str, Dict[str, object]] = {
     'ours': {},
+    'tokens rounded at entry': {'round_inputs': True},
     'before (bf16 residual stream)': {'residual_fp32': False},
     'before, attention as the recipe': {'residual_fp32': False, 'attention': _attention_recipe},
     'before, attention in fp32': {'residual_fp32': False, 'attention': _attention_fp32},
@@ -179,21 +194,40 @@ def main(argv=None) -> int:
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--init', default='scaled', choices=('scaled', 'lerobot'),
                         help='random weights (see randomize)')
+    parser.add_argument('--checkpoint', type=Path, default=None,
+                        help='a pi0 / pi0.5 folder (e.g. the one bench/compare_lerobot_bf16.py has lerobot write) '
+                        'instead of random models: its weights, --seeds inputs')
     parser.add_argument('--no-recipe', action='store_true', help='skip the recipe (it recomputes the prefix '
                         'every step)')
     parser.add_argument('--per-layer', action='store_true', help='print the per-layer tables')
+    parser.add_argument('--quick', action='store_true', help='2 layers, 1 model, widths / 8, 1 camera, 2 steps')
     args = parser.parse_args(argv)
+    if args.quick:
+        args.depth, args.seeds, args.width_scale, args.cameras, args.steps = 2, 1, 8, 1, 2
     torch.set_num_threads(args.threads)
-    config = deep_config(args.type, args.depth, args.cameras, args.width_scale)
-    print(f'{args.type}: 2 x gemma_300m-sized streams (width {config.language.width}, {config.language.depth} '
-          f'layers), {args.cameras} cameras, prefix {config.prefix_len} tokens, {args.steps} steps, '
-          f'{args.seeds} model(s), torch {torch.__version__}')
+    if args.checkpoint is not None:
+        from vla_policy_node.policy.families import load_checkpoint
+        loaded_model = load_checkpoint(args.checkpoint, torch.device('cpu'), torch.float32).model
+        config = loaded_model.config
+        source = f'{args.checkpoint}, {args.seeds} input(s)'
+    else:
+        config = deep_config(args.type, args.depth, args.cameras, args.width_scale)
+        source = f'{args.seeds} model(s), init {args.init}'
+    print(f'{config.policy_type}: streams of width {config.language.width} / {config.expert.width}, '
+          f'{config.language.depth} layers, {len(config.all_camera_names)} cameras, prefix {config.prefix_len} '
+          f'tokens, {args.steps} steps, {source}, torch {torch.__version__}')
     totals: Dict[str, List[float]] = {}
     for seed in range(args.seeds):
         started = time.perf_counter()
-        torch.manual_seed(0)
-        model = PiZeroModel(config).eval()
-        randomize(model, seed, args.init)
+        if args.checkpoint is not None:    # fresh fp32 weights for each input (bf16 rounded the last ones)
+            model = None
+            model = loaded_model if seed == 0 else load_checkpoint(args.checkpoint, torch.device('cpu'),
+                                                                   torch.float32).model
+            loaded_model = None
+        else:
+            torch.manual_seed(0)
+            model = PiZeroModel(config).eval()
+            randomize(model, seed, args.init)
         images, image_masks, tokens, token_masks, state, noise = inputs(config, seed)
         prefix_inputs = (images, image_masks, tokens, token_masks)
         recipe = not args.no_recipe
@@ -243,7 +277,7 @@ def main(argv=None) -> int:
             totals[name][1] += e_mean
             line.append(f'{name} {e_max:.4f}/{e_mean:.5f}')
         print(f'  seed {seed} ({time.perf_counter() - started:.0f} s): ' + ', '.join(line))
-    print(f'\nactions |bf16 - fp32|, max / mean summed over {args.seeds} model(s):')
+    print(f'\nactions |bf16 - fp32|, max / mean summed over {args.seeds} model(s) / input(s):')
     base = totals.get('recipe')
     for name, (e_max, e_mean) in totals.items():
         ratio = f'   / recipe = {e_max / base[0]:.2f}x max, {e_mean / base[1]:.2f}x mean' if base else ''

@@ -18,7 +18,8 @@ default .venv/bin/python), so nothing of the package is installed into lerobot's
    stores them before encoding) folded with ``aggregate_stats``, and the relative action statistics against
    ``compute_relative_action_stats``. The same again for a dataset written with the fallback codec (h264).
 
-``--quick``: one short bag, pyav only (a smoke run for the suite).
+``--quick``: one short bag, pyav only (a smoke run for the suite). Without lerobot it prints ``skipped: needs
+lerobot`` and exits with status 2.
 
 Figures of one run (2026-12-02, the project's 2-core shared CPU; lerobot 0.6.2 with av 15.1.0 and pyarrow
 26.0.1 reading, the package's venv with av 18.1.0 writing; two 8 s bags, 152 frames in 3 episodes):
@@ -234,7 +235,8 @@ def main() -> int:
     try:
         import lerobot  # noqa: F401
     except ImportError:
-        print('lerobot is not importable here: run this with a venv that has lerobot[dataset] (see the docstring)')
+        print('skipped: needs lerobot (not importable here: run this with a venv that has lerobot[dataset], '
+              'see the docstring)')
         return 2
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)

@@ -10,6 +10,9 @@ torch 2.11.0):
     /work/scratch/lerobot-venv/bin/pip install 'torch>=2.7,<2.12' '/work/scratch/lerobot-src[smolvla]' \
         xxhash sentencepiece
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_smolvla.py            # from the repo root
+    /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_smolvla.py --quick    # part a only
+
+Without lerobot it prints ``skipped: needs lerobot`` and exits with status 2.
 
 No weights can be downloaded, so ``vlm_model_name`` points at a local folder holding the checkpoint's
 ``vlm_config.json`` as ``config.json`` plus the tokenizer and SmolVLM processor files, and
@@ -358,10 +361,18 @@ def main() -> int:
     parser.add_argument('--with-reference', action='store_true',
                         help='(b) also run the test reference on the real shape (about as long as a miss)')
     parser.add_argument('--work', type=Path, default=None, help='scratch folder (default: a temporary one)')
+    parser.add_argument('--quick', action='store_true', help='part a only (the tiny checkpoint, seconds)')
     args = parser.parse_args()
+    if args.quick:
+        args.parts, args.repeats = 'a', 1
+    try:
+        import lerobot
+        import transformers
+    except ImportError as exc:
+        print(f'skipped: needs lerobot ({exc}; run this with the python of a venv that has lerobot[smolvla], '
+              'see the docstring)')
+        return 2
     torch.set_num_threads(args.threads)
-    import lerobot
-    import transformers
     print(f'lerobot {lerobot.__version__ if hasattr(lerobot, "__version__") else "?"}, transformers '
           f'{transformers.__version__}, torch {torch.__version__}, {args.threads} thread(s)')
     scratch = tempfile.TemporaryDirectory(prefix='compare_smolvla.') if args.work is None else None

@@ -4,6 +4,8 @@
     python bench/gpu_checks.py --quick                # fewer runs, no full-size presets
     python bench/gpu_checks.py --device cpu --quick   # the CPU-runnable parts (static workspace, no graphs)
 
+Without a CUDA device (and without --device cpu) it prints ``skipped: needs a CUDA device`` and exits with 2.
+
 Correctness, on the tiny pi0 / pi0.5 / SmolVLA checkpoints in fp32 and bf16 (exit status 1 when one fails):
 - graph vs eager: max |actions| difference between cuda_graphs on and off, plain and with RTC;
 - hit == miss (bit for bit) through the graphs, plain and with RTC;
@@ -241,7 +243,7 @@ def main(argv=None) -> int:
     parser.add_argument('--json', type=Path)
     args = parser.parse_args(argv)
     if args.device == 'cuda' and not torch.cuda.is_available():
-        print('no CUDA device (use --device cpu for the CPU-runnable parts)')
+        print('skipped: needs a CUDA device (no CUDA device here; --device cpu runs the CPU-runnable parts)')
         return 2
     if args.device == 'cpu':
         torch.set_num_threads(min(torch.get_num_threads(), 2))

@@ -31,7 +31,7 @@ BIN = Path(sys.executable).parent
 SHIPPED = ROOT / 'config' / 'vla_policy.yaml'
 FRAGMENT = '# fragment: merged into config/vla_policy.yaml'
 # Pages the map links to that other changes bring (the map may name them before they land).
-PENDING_PAGES = {'docs/precision.md'}
+PENDING_PAGES: set = set()
 README_MAX_LINES = 300
 
 

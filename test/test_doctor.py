@@ -117,3 +117,52 @@ def test_the_embedded_default_is_named_as_the_node_names_it():
     done = _doctor('builtin:demo')
     assert done.returncode == 0, done.stdout + done.stderr
     assert 'demo_checkpoint' in done.stdout and 'type pi0' in done.stdout
+    # Its training.json records the action period it was trained with (0.1 s): no 50 Hz assumed.
+    assert 'action_period_sec: 0.1   # 1 / the training data\'s fps: 10 fps, recorded in training.json' in done.stdout
+    assert 'ASSUMED' not in done.stdout
+
+
+def _lerobot_trained(tiny, folder, train_config):
+    shutil.copytree(tiny, folder)
+    (folder / 'train_config.json').write_text(json.dumps(train_config))
+    return folder
+
+
+def _dataset(root, fps):
+    (root / 'meta').mkdir(parents=True)
+    (root / 'meta' / 'info.json').write_text(json.dumps({'codebase_version': 'v3.0', 'fps': fps}))
+    return root
+
+
+def test_the_action_period_is_the_recorded_one_else_said_to_be_assumed(tiny, tmp_path):
+    done = _doctor(tiny)                     # records nothing: the block says it assumed 50 fps
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'ASSUMED 50 fps: the checkpoint records none (pass --fps): action_period_sec 0.02' in done.stdout
+    assert 'action_period_sec: 0.02   # 1 / the training data\'s fps: ASSUMED 50 fps' in done.stdout
+    # As lerobot saves it: train_config.json beside the policy, naming its dataset's root (meta/info.json fps).
+    root = _dataset(tmp_path / 'datasets' / 'pick', 15)
+    folder = _lerobot_trained(tiny, tmp_path / 'lerobot_trained',
+                              {'dataset': {'repo_id': 'me/pick', 'root': str(root)}})
+    done = _doctor(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f'15 fps, recorded in {root / "meta" / "info.json"}' in done.stdout
+    assert 'action_period_sec: 0.06667' in done.stdout and 'ASSUMED' not in done.stdout
+    # --fps wins, and a disagreement with the record is pointed out.
+    done = _doctor(folder, '--fps', '30')
+    assert 'action_period_sec: 0.03333' in done.stdout and 'WARNING: --fps 30, but' in done.stdout
+
+
+def test_recorded_fps_follows_lerobot_train_config(tiny, tmp_path):
+    from vla_policy_node.policy.checkpoint import recorded_fps
+
+    simulated = _lerobot_trained(tiny, tmp_path / 'sim', {'env': {'type': 'aloha', 'fps': 50},
+                                                          'dataset': {'repo_id': 'lerobot/aloha_sim'}})
+    assert recorded_fps(simulated, {})[0] == 50.0
+    # No root: lerobot looks the dataset up under $HF_LEROBOT_HOME/<repo_id>, else $HF_HOME/lerobot/<repo_id>.
+    folder = _lerobot_trained(tiny, tmp_path / 'hub', {'env': None, 'dataset': {'repo_id': 'me/pick', 'root': None}})
+    _dataset(tmp_path / 'home' / 'me' / 'pick', 30)
+    assert recorded_fps(folder, {'HF_LEROBOT_HOME': str(tmp_path / 'home')})[0] == 30.0
+    _dataset(tmp_path / 'hf' / 'lerobot' / 'me' / 'pick', 25)
+    assert recorded_fps(folder, {'HF_HOME': str(tmp_path / 'hf')})[0] == 25.0
+    assert recorded_fps(folder, {'HF_LEROBOT_HOME': str(tmp_path / 'elsewhere')}) is None
+    assert recorded_fps(tiny, {}) is None

@@ -429,6 +429,31 @@ def test_failed_configure_stays_unconfigured_and_says_why(own_node, checkpoint, 
     assert proc.wait_for_log(lambda line: 'configure failed' in line and 'config.json' in line)
 
 
+@pytest.mark.timeout(90)
+def test_an_idle_node_says_once_that_it_has_nothing_to_hold_to(own_node, checkpoint, fresh_rig):
+    """Active, nothing publishing (the camera drivers and the arm not up yet): the start-up hold finds no joint
+    state. One warning, not an error, and not one every few seconds; /diagnostics counts it."""
+    rig = fresh_rig
+    proc = own_node(base_params(checkpoint))
+    started = time.monotonic()
+    values = rig.wait_for_diagnostics(lambda d: d.get('hold_pending') == 'True', timeout=15)
+    # Long past the old 5 s repetition of the line, and many ticks: each found no joint state.
+    while time.monotonic() - started < 7.0:
+        values = rig.wait_for_diagnostics(timeout=5)
+    assert diag_int(values, 'ticks') >= 10 and diag_int(values, 'skipped_camera_missing') >= 10, values
+    assert values['cannot_hold_count'] == '1' and values['hold_pending'] == 'True', values
+    lines = [line for line in proc.log_text().splitlines() if 'cannot hold the arm' in line]
+    assert len(lines) == 1 and lines[0].startswith('[WARN]'), proc.log_tail()
+    assert 'no joint state received on /joint_states yet' in lines[0], lines
+    assert '[ERROR]' not in proc.log_text(), proc.log_tail()
+    # The first joint state: the hold owed since start-up goes out, and the log says so once.
+    rig.publish_joint_state(JOINTS, [0.1] * len(JOINTS))
+    hold = rig.wait_for_trajectories(1, timeout=10)[0]
+    assert is_hold(hold) and positions_of(hold)[0].tolist() == pytest.approx([0.1] * len(JOINTS))
+    rig.wait_for_diagnostics(lambda d: d.get('hold_pending') == 'False' and d.get('cannot_hold_count') == '1')
+    assert proc.wait_for_log(lambda line: 'the joint state arrived, the hold is published' in line)
+
+
 # ---- sim time ------------------------------------------------------------------------------------------------
 @pytest.mark.timeout(90)
 def test_sim_time_stamps_follow_clock(own_node, checkpoint, fresh_rig):

@@ -250,6 +250,29 @@ def test_observation_errors_travel_as_text(server):
     assert issubclass(ObservationError, ValueError)
 
 
+def test_float_frames_are_scaled_as_openpi_does_and_bad_ones_refused_as_bad_image(server, local):
+    cfg = local.config
+    state = np.linspace(-0.2, 0.2, cfg.state_dim)
+    floats = {name: frame.astype(np.float32) / 255 for name, frame in frames(cfg.camera_names, 3).items()}
+    # openpi's _parse_image: (255 * image).astype(np.uint8); the same pixels give the same actions.
+    as_pixels = {name: (255 * frame).astype(np.uint8) for name, frame in floats.items()}
+    expected = local.infer(Observation(as_pixels, state, 'stack the cups'), seed=3, num_steps=2).actions
+    camera = cfg.camera_names[0]
+    nan, scaled, negative = (dict(floats) for _ in range(3))
+    nan[camera] = floats[camera].copy()
+    nan[camera][5, 7, 1] = np.nan
+    scaled[camera] = floats[camera] * 255                     # 0-255 floats would wrap around as uint8
+    negative[camera] = floats[camera] * 2 - 1                 # the model's [-1, 1]
+    with connected(server) as (ws, _):
+        for bad, says in ((nan, 'non-finite'), (scaled, 'must be in [0, 1]'), (negative, 'must be in [0, 1]')):
+            reply = ask(ws, {'images': bad, 'state': state, 'prompt': 'stack the cups', 'seed': 3, 'num_steps': 2})
+            assert isinstance(reply, str) and '[bad_image]' in reply and f'images.{camera}' in reply, reply
+            assert says in reply, reply
+        reply = ask(ws, {'images': floats, 'state': state, 'prompt': 'stack the cups', 'seed': 3, 'num_steps': 2})
+        assert not isinstance(reply, str), reply                 # the connection stayed open, and serves
+        assert np.array_equal(reply['actions'], expected)
+
+
 def _remote(server, warn=None, **overrides):
     from vla_policy_node.params import resolve_values
     from vla_policy_node.remote_settings import load_remote

@@ -176,20 +176,25 @@ def _rate_params(tmp_path):
     ('missing', 'vla_policy_replay: error: no rosbag2 bag at'),
     ('corrupt', 'vla_policy_replay: error: cannot open bag '),
     ('rate', 'vla_policy_replay: error: control_rate_hz must be in [0.1, 100], got -3.0'),
+    ('params_missing', 'vla_policy_replay: error: params file robot.yaml does not exist'),
+    ('params_unparsable', 'vla_policy_replay: error: params file robot.yaml is not valid YAML (line 3, column 1'),
 ])
 def test_cli_reports_errors_on_one_line_with_exit_code_2(sqlite_bag, tmp_path, case, expected):
     bag = {'missing': tmp_path / 'missing', 'corrupt': _corrupt_bag(sqlite_bag, tmp_path)}.get(case, sqlite_bag)
-    params = _rate_params(tmp_path) if case == 'rate' else DEMO_PARAMS
-    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.offline', str(bag),
+    params = {'rate': _rate_params(tmp_path), 'params_missing': Path('robot.yaml'),
+              'params_unparsable': Path('robot.yaml')}.get(case, DEMO_PARAMS)
+    if case == 'params_unparsable':
+        (tmp_path / 'robot.yaml').write_text('/**:\n  ros__parameters: [\n')
+    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.cli', str(bag),
                              '--params', str(params), '--output', str(tmp_path / 'out'), '--no-progress'],
-                            capture_output=True, text=True, cwd=ROOT)
+                            capture_output=True, text=True, cwd=tmp_path if case.startswith('params') else ROOT)
     assert result.returncode == 2
     assert result.stderr.startswith(expected) and result.stderr.count('\n') == 1, result.stderr
 
 
 def test_cli_end_to_end_prints_the_summary(sqlite_bag, checkpoint, tmp_path):
     params = _params(tmp_path, camera_types=['raw', 'raw', 'raw'])
-    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.offline', str(sqlite_bag), '--params',
+    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.cli', str(sqlite_bag), '--params',
                              str(params), '--checkpoint', str(checkpoint), '--output', str(tmp_path / 'out'),
                              '--seed', '1'], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr

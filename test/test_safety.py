@@ -107,6 +107,32 @@ def test_nothing_to_hold_to_is_said_and_the_hold_follows_when_the_joint_state_is
     assert_hold_at(later, [0.0, 1.0])
 
 
+def test_nothing_to_hold_to_is_said_once_per_hold_and_counted():
+    # An idle node (nothing publishing): every tick and every timer check finds no joint state.
+    supervisor, settings = SafetySupervisor(), SafetySettings()
+    supervisor.activate(0)
+    never = Measured(None, 'no joint state received on /joint_states yet', waiting=True)
+    first = review(supervisor, settings, NS, skipped=SkipReason.CAMERA_MISSING, measured=never)
+    assert first.cannot_hold and first.cannot_hold_waiting          # start-up: a warning, not an error
+    for i in range(2, 60):
+        again = review(supervisor, settings, i * NS, skipped=SkipReason.CAMERA_MISSING, measured=never)
+        assert not again.cannot_hold and again.plan is None
+        assert not supervisor.supervise(NOBODY, JOINTS, never, settings, i * NS).cannot_hold
+    assert supervisor.hold_waiting() == (True, 1)
+    arrived = supervisor.supervise(NOBODY, JOINTS, HERE, settings, 60 * NS)
+    assert_hold_at(arrived, [0.0, 1.0])
+    assert any('the joint state arrived' in line for line in arrived.transitions)
+    assert supervisor.hold_waiting() == (False, 1)
+    # Back to good inputs, then a joint state that goes stale: a new hold, said again, now as an error.
+    review(supervisor, settings, 61 * NS, policy=plan([[0.0, 1.0], [0.1, 1.1]]))
+    assert supervisor.state is SupervisorState.ACTIVE
+    stale = Measured(None, 'the joint state on /joint_states is 2.000 s old')
+    lost = review(supervisor, settings, 62 * NS, skipped=SkipReason.JOINT_STATE_STALE, measured=stale)
+    assert lost.cannot_hold and not lost.cannot_hold_waiting and 'until the joint state is back' in lost.cannot_hold
+    assert not review(supervisor, settings, 63 * NS, skipped=SkipReason.JOINT_STATE_STALE, measured=stale).cannot_hold
+    assert supervisor.hold_waiting() == (True, 2)
+
+
 def test_estop_latches_survives_good_inputs_and_resets_only_when_released():
     supervisor, settings = SafetySupervisor(), SafetySettings()
     supervisor.activate(0)

@@ -79,13 +79,14 @@ def test_demo_error_table_columns_fit_their_titles():
     assert trained[0].split()[-2:] == ['trained/pi0', 'random'] and trained[1].endswith('100.0%')
 
 
-def test_demo_report_folders_do_not_overwrite_each_other(tmp_path):
-    from vla_policy_node.demo import report_folders
-    names = {report_folders(tmp_path, policy, remote)[0].name
-             for policy in ('demo', 'pi0', 'pi05', 'smolvla') for remote in (False, True)}
-    assert len(names) == 8 and 'report' in names and 'report_smolvla_remote' in names
-    assert report_folders(tmp_path, 'demo', True)[0].name == 'report_remote'
-    assert report_folders(tmp_path, 'demo', False)[1].name == 'report_random'
+def test_each_kind_of_demo_run_has_its_own_folder(tmp_path):
+    from vla_policy_node.demo import run_folder
+    folders = {run_folder(tmp_path, policy, remote) for policy in ('demo', 'pi0', 'pi05', 'smolvla')
+               for remote in (False, True)}
+    assert len(folders) == 8 and all(folder.parent == tmp_path for folder in folders - {tmp_path})
+    assert run_folder(tmp_path, 'demo', False) == tmp_path          # the README's artifacts/demo/report/...
+    assert run_folder(tmp_path, 'demo', True) == tmp_path / 'remote'
+    assert run_folder(tmp_path, 'smolvla', True) == tmp_path / 'smolvla_remote'
 
 
 def test_demo_closing_note_fits_the_run():

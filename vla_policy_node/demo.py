@@ -11,8 +11,13 @@
    /diagnostics, and records the trajectories that arrive into a bag;
 4. runs the offline evaluation on the same bag (plots, summary, output bag), for the trained default and
    the random weights, and prints each one's per-joint error against the recorded command (and the
-   live run's). The offline report goes to ``report/`` for the trained default, ``report_<policy>/`` for
-   the others, with ``_remote`` after it for --remote; the random weights' to ``report_random/``.
+   live run's).
+
+The inputs (sample bag, random-weight checkpoints) are shared in ``--output``. What a run writes
+(``node.log``, ``live_trajectories/``, ``report/``, ``report_observation/``, ``report_random/``,
+``serve.log``) goes to its kind's own folder, so no run overwrites another's: ``--output`` itself for the
+trained default, ``<output>/<policy>/`` for another policy, ``<output>/remote/`` or
+``<output>/<policy>_remote/`` with --remote (``run_folder``).
 
 The node runs the shipped parameters as shipped (config/demo.yaml sets the checkpoint, joints, rates and
 seed, and stamp_mode stays zero): every chunk counts from its observation in both stamp modes, so the
@@ -180,11 +185,12 @@ def progress_text(bag_time: float, bag_duration: float, diag: Dict[str, str], di
     return f'[demo] bag {bag_time:4.1f}/{bag_duration:.1f} s | {node} | received {received} trajectories{held}'
 
 
-def start_server(checkpoint: Path, output: Path) -> Tuple[subprocess.Popen, Dict[str, object]]:
-    """vla_policy_serve on a free loopback port, and the node parameters that point at it."""
+def start_server(checkpoint: Path, run: Path) -> Tuple[subprocess.Popen, Dict[str, object]]:
+    """vla_policy_serve on a free loopback port (its log in the run's folder), and the node parameters that point
+    at it."""
     import re
 
-    log_path = output / 'serve.log'
+    log_path = run / 'serve.log'
     script = shutil.which('vla_policy_serve')
     command = ([script] if script else [sys.executable, '-m', 'vla_policy_node.remote.server'])
     with open(log_path, 'w') as log:
@@ -287,7 +293,7 @@ class Monitor:
         self.node.destroy_node()
 
 
-def run_live(paths: Dict[str, Path], output: Path, rate: float,
+def run_live(paths: Dict[str, Path], run: Path, rate: float,
              remote: Optional[Dict[str, object]] = None) -> Dict[str, object]:
     import rclpy
     from rclpy.context import Context
@@ -298,9 +304,9 @@ def run_live(paths: Dict[str, Path], output: Path, rate: float,
     from .params import DEFAULT_TRAJECTORY_TOPIC
     from .settings import absolute_topic
 
-    live_bag = output / 'live_trajectories'
+    live_bag = run / 'live_trajectories'
     shutil.rmtree(live_bag, ignore_errors=True)
-    log_path = output / 'node.log'
+    log_path = run / 'node.log'
     # Keep the demo's DDS traffic on this machine, and let camera frames through whatever their size
     # (Fast DDS's default UDP transport drops most large frames; docs/troubleshooting.md). Both before
     # rclpy reads the environment and before the node inherits it.
@@ -372,26 +378,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output = args.output.resolve()
     output.mkdir(parents=True, exist_ok=True)
     paths = prepare(output, args.policy)
-    server, remote = start_server(paths['checkpoint'], output) if args.remote else (None, None)
+    run = run_folder(output, args.policy, args.remote)
+    run.mkdir(parents=True, exist_ok=True)
+    server, remote = start_server(paths['checkpoint'], run) if args.remote else (None, None)
     try:
-        return _run(paths, output, args, remote)
+        return _run(paths, run, args, remote)
     finally:
         if server is not None:
             server.terminate()
             server.wait(10)
 
 
+def run_folder(output: Path, policy: str, remote: bool) -> Path:
+    """Where one kind of run writes its node.log, live_trajectories/, report/, report_observation/, report_random/
+    and serve.log:
+    ``output`` for the trained default (the README's paths), ``output/<policy>``, ``output/remote`` or
+    ``output/<policy>_remote`` for the others."""
+    name = ('' if policy == 'demo' else policy) + ('_remote' if remote else '')
+    return output / name.lstrip('_') if name else output
+
+
 def summary_stamp_mode(params: Path) -> str:
     """The stamp_mode a params file runs with (the table's default where the file sets none)."""
     from .params import load_params_file, resolve_values
     return str(resolve_values(load_params_file(params))['stamp_mode'])
-
-
-def report_folders(output: Path, policy: str, remote: bool) -> Tuple[Path, Path]:
-    """The offline reports: ``report`` for the trained default, ``report_<policy>`` for the others, ``_remote``
-    after either with --remote (so no run overwrites another's); and the random-weight pi0's ``report_random``."""
-    name = 'report' + ('' if policy == 'demo' else f'_{policy}') + ('_remote' if remote else '')
-    return output / name, output / 'report_random'
 
 
 def closing_note(policy: str, checkpoint: Path) -> str:
@@ -414,14 +424,13 @@ def closing_note(policy: str, checkpoint: Path) -> str:
             '(docs/checkpoints.md; the console scripts are in .venv/bin: `. .venv/bin/activate`).')
 
 
-def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote: Optional[Dict[str, object]]) -> int:
-    live = run_live(paths, output, args.rate, remote)
+def _run(paths: Dict[str, Path], run: Path, args: argparse.Namespace, remote: Optional[Dict[str, object]]) -> int:
+    live = run_live(paths, run, args.rate, remote)
     diag = live['diagnostics']
     _say('[demo] offline evaluation of the same bag (same params, same tick path)')
     from .replay.offline import replay
 
-    report, random_report = report_folders(output, args.policy, remote is not None)
-    compared_report = report.with_name(report.name + '_observation')
+    report, random_report, compared_report = run / 'report', run / 'report_random', run / 'report_observation'
     for folder in (report, random_report, compared_report):
         shutil.rmtree(folder, ignore_errors=True)
     result = replay(paths['bag'], DEMO_PARAMS, report, checkpoint=str(paths['checkpoint']), overrides=remote)
@@ -438,7 +447,7 @@ def _run(paths: Dict[str, Path], output: Path, args: argparse.Namespace, remote:
              f"node's remote figures: latency p50 {ms_text(diag.get('remote_latency_p50_ms'))} / p95 "
              f"{ms_text(diag.get('remote_latency_p95_ms'))} (round trip), connected "
              f"{diag.get('remote_connected', '?')}, reconnects {diag.get('remote_reconnects', '?')}, "
-             f"connect failures {diag.get('remote_connect_failures', '?')}; server log: {output / 'serve.log'}")
+             f"connect failures {diag.get('remote_connect_failures', '?')}; server log: {run / 'serve.log'}")
     chunks = _plural(live['trajectories'] - holds, 'chunk')
     why = ', the one the node sends once joint states arrive' if holds == 1 else ''
     _say(f"live over DDS: received {live['trajectories']} trajectories ({chunks} and {_plural(holds, 'hold')}{why}) "

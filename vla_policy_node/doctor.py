@@ -13,9 +13,12 @@ small normalisation statistics and the tokenizer are read. Prints:
   - weight bytes per dtype, prefix tokens, cache-entry bytes, GPU memory of model + default cache
     in bf16 and under each ``quantization`` mode (the meta model quantized as the node would, its parameter
     and buffer bytes summed), and which device sizes (8, 16, 32, 64 GB) hold it;
+  - the action period: 1 / --fps, else the fps the checkpoint records (training.json, or lerobot's
+    train_config.json and its dataset's meta/info.json: policy/checkpoint.py ``recorded_fps``), else
+    an assumed 50 fps, said so;
   - a parameter block to start from.
 Exit status: 0 when the node would load the folder, 1 when it would refuse it, 2 when DIR is no
-checkpoint folder at all.
+folder at all (missing, or a file).
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from .params import SPECS
 SAFETENSORS_DTYPE_BYTES = {'F64': 8, 'F32': 4, 'F16': 2, 'BF16': 2, 'I64': 8, 'I32': 4, 'I16': 2, 'I8': 1,
                            'U8': 1, 'BOOL': 1, 'F8_E4M3': 1, 'F8_E5M2': 1}
 MAX_HEADER_BYTES = 100 * 2 ** 20
+# The frame rate the parameter block assumes when neither --fps nor the checkpoint gives one (said so).
+ASSUMED_FPS = 50.0
 GENERIC_ACCESS_NOTE = 'If the repository is gated, accept its licence on the Hub and log in first.'
 
 
@@ -296,9 +301,31 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
                       f'{_mib(cache)} = {_mib(bf16_bytes + cache)}, plus the CUDA context and activations')
         _memory_per_mode(diagnosis, family, config, cache, quantization)
 
+    diagnosis.section('action period')
+    fps, origin = action_rate(diagnosis, folder, fps)
     diagnosis.section('a parameter block to start from (docs/parameters.md, "Choosing the control parameters")')
-    diagnosis.lines += suggested_parameters(folder, config, fps, latency_ms)
+    diagnosis.lines += suggested_parameters(folder, config, fps, latency_ms, origin)
     return diagnosis
+
+
+def action_rate(diagnosis: Diagnosis, folder: Path, fps: Optional[float]) -> Tuple[float, str]:
+    """The training data's frame rate: ``--fps``, else what the checkpoint records (checkpoint.recorded_fps),
+    else ASSUMED_FPS, said as an assumption; with where it comes from, for the parameter block."""
+    from .policy.checkpoint import recorded_fps
+
+    recorded = recorded_fps(folder)
+    if fps:
+        origin = f'{fps:g} fps (--fps)'
+        if recorded is not None and abs(recorded[0] - fps) > 1e-6 * fps:
+            diagnosis.say(f'WARNING: --fps {fps:g}, but {recorded[1]} records {recorded[0]:g} fps')
+    elif recorded is not None:
+        fps, where = recorded
+        origin = f'{fps:g} fps, recorded in {where}'
+    else:
+        fps = ASSUMED_FPS
+        origin = f'ASSUMED {fps:g} fps: the checkpoint records none (pass --fps)'
+    diagnosis.say(f'{origin}: action_period_sec {1.0 / fps:.4g}')
+    return fps, origin
 
 
 def _tokenizer_check(diagnosis: Diagnosis, family: Any, path: Path, config: Any) -> None:
@@ -316,10 +343,12 @@ def _tokenizer_check(diagnosis: Diagnosis, family: Any, path: Path, config: Any)
         diagnosis.say(f'{path} ({loaded.vocab_size} tokens)')
 
 
-def suggested_parameters(folder: Path, config: Any, fps: Optional[float], latency_ms: Optional[float]) -> List[str]:
-    """A params block: joint placeholders, cameras, the action period, execute_steps and a rate that fits."""
+def suggested_parameters(folder: Path, config: Any, fps: float, latency_ms: Optional[float],
+                         origin: str) -> List[str]:
+    """A params block: joint placeholders, cameras, the action period (``origin``: where ``fps`` comes from),
+    execute_steps and a rate that fits."""
     names = list(config.action_feature_names or [f'<joint_{i + 1}>' for i in range(config.action_dim)])
-    period = 1.0 / fps if fps else None
+    period = 1.0 / fps
     execute = min(config.n_action_steps, config.chunk_size)
     lines = ['/**/vla_policy:', '  ros__parameters:', f'    checkpoint_path: {folder}',
              f'    joint_names: {json.dumps(names)}   # your controller\'s names, in the action order']
@@ -327,11 +356,7 @@ def suggested_parameters(folder: Path, config: Any, fps: Optional[float], latenc
         lines.append(f'    state_joint_names: {json.dumps([f"<state_{i + 1}>" for i in range(config.state_dim)])}')
     lines.append(f'    camera_names: {json.dumps(list(config.camera_names))}')
     lines.append(f'    camera_topics: {json.dumps([f"/<camera for {c}>/image_raw" for c in config.camera_names])}')
-    if period is None:
-        lines.append('    action_period_sec: 0.02   # 1 / the training data\'s fps (pass --fps); 0.02 = 50 Hz')
-        period = 0.02
-    else:
-        lines.append(f'    action_period_sec: {period:.4g}   # 1 / {fps:g} fps')
+    lines.append(f'    action_period_sec: {period:.4g}   # 1 / the training data\'s fps: {origin}')
     span = execute * period
     # Replan when half of the published span is left, and never faster than inference allows.
     rate = 1.0 / (span / 2)

@@ -228,10 +228,12 @@ class OperatorInputs:
 
 @dataclass(frozen=True)
 class Measured:
-    """Where the arm is now: positions of the commanded joints, or why that is unknown."""
+    """Where the arm is now: positions of the commanded joints, or why that is unknown (``waiting``: no joint
+    state has arrived yet, as at start-up, which is no fault of the arm)."""
 
     positions: Optional[np.ndarray]
     problem: str = ''
+    waiting: bool = False
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,7 @@ class InputBuffer:
         with self._lock:
             entry = self._joint_state
         if entry is None:
-            return Measured(None, f'no joint state received on {topic}')
+            return Measured(None, f'no joint state received on {topic} yet', waiting=True)
         age = (now_ns - entry.stamp_ns) / NS_PER_SEC
         if age > max_age_sec:
             return Measured(None, f'the joint state on {topic} is {age:.3f} s old (max_joint_state_age_sec '

@@ -7,6 +7,8 @@ lookup, the remote client before anything is sent):
 - cameras: only names the model knows, at least one present; each frame checked *without decoding*
   (``images.check_frame``: 8-bit encodings only, geometry, size against ``max_image_pixels`` from the
   raw message or the JPEG/PNG header), an array as RGB uint8 [H, W, 3];
+- float frames (what openpi clients may send ``vla_policy_serve``): every value finite and in [0, 1], then
+  scaled to uint8 as openpi does (``rgb_from_float``);
 - state: [state_dim], every value finite;
 - instruction: not empty, not longer than its bound.
 
@@ -32,6 +34,28 @@ def check_rgb_array(name: str, frame: np.ndarray, max_pixels: int) -> None:
     if frame.shape[0] * frame.shape[1] > max_pixels:
         raise ObservationError(f'images.{name}', f'array is {frame.shape[1]}x{frame.shape[0]} pixels, '
                                f'more than max_image_pixels {max_pixels}', SkipReason.BAD_IMAGE)
+
+
+# A float frame may overshoot [0, 1] by rounding (a resize, a colour conversion); one 8-bit level is rounding,
+# more is a frame in other units (0-255 floats, normalised to [-1, 1], HDR) that would wrap around as uint8.
+FLOAT_FRAME_TOLERANCE = 1.0 / 255
+
+
+def rgb_from_float(name: str, frame: np.ndarray) -> np.ndarray:
+    """A float image in [0, 1] -> uint8 as openpi's ``_parse_image`` makes it (``(255 * image).astype(np.uint8)``,
+    openpi 15a9616 src/openpi/policies/droid_policy.py), after checking what openpi does not look at: every value
+    finite and within [0, 1] (FLOAT_FRAME_TOLERANCE for rounding, clipped). ObservationError (bad_image)
+    otherwise, naming the camera and what was found."""
+    values = np.asarray(frame)
+    finite = np.isfinite(values)
+    if not finite.all():
+        raise ObservationError(f'images.{name}', f'float frame has {int(values.size - finite.sum())} non-finite '
+                               f'value(s) (NaN or inf) of {values.size}', SkipReason.BAD_IMAGE)
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if low < -FLOAT_FRAME_TOLERANCE or high > 1.0 + FLOAT_FRAME_TOLERANCE:
+        raise ObservationError(f'images.{name}', f'float frame values must be in [0, 1] (they are scaled by 255), '
+                               f'got [{low:.4g}, {high:.4g}]', SkipReason.BAD_IMAGE)
+    return (255 * np.clip(values, 0.0, 1.0)).astype(np.uint8)
 
 
 def checked_frame(name: str, frame: object, max_pixels: int) -> CameraInput:

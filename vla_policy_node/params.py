@@ -558,16 +558,51 @@ def flatten(block: Mapping[str, Any], prefix: str = '') -> Dict[str, Any]:
     return flat
 
 
-def load_params_file(path: Path, node_name: str = NODE_NAME) -> Dict[str, Any]:
-    """ros__parameters for ``node_name`` from a ROS 2 params YAML (wildcard sections first)."""
+def read_params_document(path: Path) -> Dict[str, Any]:
+    """The YAML mapping of a ROS 2 params file; ParameterError in one line naming the file otherwise (missing,
+    not a file, unreadable, not YAML, not a mapping of node names to ros__parameters)."""
     try:
         document = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise ParameterError(f'params file {path} does not exist') from None
+    except IsADirectoryError:
+        raise ParameterError(f'params file {path} is a folder, not a file') from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParameterError(f'params file {path} cannot be read: {exc}') from None
     except yaml.YAMLError as exc:
-        raise ParameterError(f'params file {path} is not valid YAML: {exc}') from exc
+        mark = getattr(exc, 'problem_mark', None)
+        where = f'line {mark.line + 1}, column {mark.column + 1}: ' if mark is not None else ''
+        problem = getattr(exc, 'problem', None) or str(exc).splitlines()[0]
+        raise ParameterError(f'params file {path} is not valid YAML ({where}{problem})') from None
     if not isinstance(document, dict):
         raise ParameterError(f'params file {path} is not a mapping of node names to ros__parameters')
+    return document
+
+
+def ros_args_params_files(argv: Sequence[str]) -> List[str]:
+    """The files that ``--params-file`` names in the ``--ros-args`` sections of a command line, as rcl reads them
+    (a section ends at ``--`` or the next ``--ros-args``)."""
+    files, in_ros_args = [], False
+    for i, word in enumerate(argv):
+        if word == '--ros-args':
+            in_ros_args = True
+        elif word == '--':
+            in_ros_args = False
+        elif in_ros_args and word == '--params-file' and i + 1 < len(argv):
+            files.append(argv[i + 1])
+    return files
+
+
+def check_ros_args_params_files(argv: Sequence[str]) -> None:
+    """Each ``--params-file`` of a command line exists and parses (``read_params_document``), checked before
+    rclpy.init, whose own refusal is a traceback ("Couldn't parse params file")."""
+    for path in ros_args_params_files(argv):
+        read_params_document(Path(path))
+
+
+def load_params_file(path: Path, node_name: str = NODE_NAME) -> Dict[str, Any]:
+    """ros__parameters for ``node_name`` from a ROS 2 params YAML (wildcard sections first)."""
+    document = read_params_document(path)
     merged: Dict[str, Any] = {}
     for section in ('/**', f'/**/{node_name}', node_name, f'/{node_name}'):
         block = document.get(section)

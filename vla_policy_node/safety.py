@@ -92,7 +92,10 @@ class Review:
     transitions: List[str] = field(default_factory=list)       # one log line per state change
     interventions: Dict[str, int] = field(default_factory=dict)   # '<kind>:<joint>' -> points changed
     timing_changed: bool = False                                # stretched: the chunk's timing no longer holds
-    cannot_hold: str = ''                                        # a hold was due and nothing could be held to
+    # A hold was due and nothing could be held to: said once per hold (the supervisor counts the rest);
+    # ``waiting``: no joint state yet (start-up), a warning rather than an error.
+    cannot_hold: str = ''
+    cannot_hold_waiting: bool = False
 
 
 # ---- limit math (pure) ----------------------------------------------------------------------------
@@ -161,6 +164,8 @@ class SafetySupervisor:
         self.state = SupervisorState.ACTIVE
         self.reason: Optional[HoldReason] = None
         self._hold_pending = False             # a hold was due but there was nothing to hold to
+        self._unheld_said = False              # ... and the review said so (once per hold)
+        self.cannot_hold_count = 0     # holds that found nothing to hold to when they fell due
         self._last_valid_ns: Optional[int] = None   # the no-trajectory timeout runs from activate / the first plan
         self._ramp_pending = True
         self._ramp_origin_ns = 0
@@ -180,6 +185,11 @@ class SafetySupervisor:
     def counters(self) -> Tuple[str, Dict[str, int], Dict[str, int], int]:
         with self._lock:
             return self.label, dict(self.holds), dict(self.interventions), self.dropped
+
+    def hold_waiting(self) -> Tuple[bool, int]:
+        """(a hold is due and waits for a joint state to hold to, how many holds found none when due)."""
+        with self._lock:
+            return self._hold_pending, self.cannot_hold_count
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def activate(self, now_ns: int) -> Review:
@@ -338,7 +348,7 @@ class SafetySupervisor:
         self._set(state, reason, review, why)
         self.holds[reason.value] = self.holds.get(reason.value, 0) + 1
         self._ramp_pending = True
-        self._hold_pending = True
+        self._hold_pending, self._unheld_said = True, False
         self._retry_pending_hold(joint_names, measured, settings, review)
 
     def _retry_pending_hold(self, joint_names: Sequence[str], measured: Measured, settings: SafetySettings,
@@ -346,9 +356,18 @@ class SafetySupervisor:
         if not self._hold_pending or not joint_names:
             return
         if measured.positions is None:
-            review.cannot_hold = f'cannot hold the arm ({self.label}): {measured.problem}; nothing is published'
+            # Once per hold, not per tick: an idle node (nothing publishing) would say it every tick.
+            if not self._unheld_said:
+                self._unheld_said = True
+                self.cannot_hold_count += 1
+                review.cannot_hold_waiting = measured.waiting
+                review.cannot_hold = (f'cannot hold the arm ({self.label}): {measured.problem}; nothing is '
+                                      'published' + ('; the hold follows the first joint state' if measured.waiting
+                                                     else ' until the joint state is back'))
             return
-        self._hold_pending = False
+        if self._unheld_said:
+            review.transitions.append(f'supervisor {self.label}: the joint state arrived, the hold is published')
+        self._hold_pending = self._unheld_said = False
         review.plan, review.kind = hold_plan(joint_names, measured.positions, settings.hold_time_sec), PlanKind.HOLD
 
     def _shape(self, plan: TrajectoryPlan, measured: Measured, settings: SafetySettings, publish_ns: int,

@@ -50,7 +50,7 @@ from torch import nn
 
 from .images import decode_frame, frame_from_msg
 from .observation import joint_positions
-from .policy.checkpoint import WEIGHTS_FILE
+from .policy.checkpoint import TRAINING_FILE, WEIGHTS_FILE
 from .policy.config_fields import ACTION_FEATURE, STATE_FEATURE
 from .policy.families import save_checkpoint
 from .policy.families.pi0.config import PolicyConfig, preset
@@ -72,7 +72,6 @@ BATCH_SIZE = 32
 PEAK_LR = 1e-3
 DECAY_LR = 1e-4
 WARMUP_STEPS = 100
-TRAINING_FILE = 'training.json'
 
 
 # ---- data ------------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@
       policy_postprocessor.json
       policy_postprocessor_step_0_unnormalizer_processor.safetensors
       tokenizer/                        when saved locally (the family's tokenizer file)
+      train_config.json                 lerobot's training config, when lerobot trained it (read for the fps)
+      training.json                     this package's trainer's record (vla_policy_train_demo)
 
 Strict means: a missing, unexpected or mis-shaped tensor is an error that
 names it. Tensors that real checkpoints carry but inference never reads are
@@ -19,6 +21,8 @@ this module knows no family.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +45,8 @@ WEIGHTS_FILE = 'model.safetensors'
 PREPROCESSOR_FILE = 'policy_preprocessor.json'
 POSTPROCESSOR_FILE = 'policy_postprocessor.json'
 TOKENIZER_DIR = 'tokenizer'
+TRAINING_FILE = 'training.json'           # vla_policy_train_demo's record: command, versions, action_period_sec
+TRAIN_CONFIG_FILE = 'train_config.json'   # lerobot's TrainPipelineConfig (lerobot/configs/train.py)
 NORMALIZER_STEP = 'normalizer_processor'
 UNNORMALIZER_STEP = 'unnormalizer_processor'
 RELATIVE_STEP = 'relative_actions_processor'
@@ -233,6 +239,64 @@ def find_tokenizer(folder: Path) -> Optional[Path]:
         if candidate.is_file():
             return candidate
     return None
+
+
+def _json_object(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _positive(value: Any) -> Optional[float]:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def lerobot_home(environ: Mapping[str, str]) -> Path:
+    """lerobot's HF_LEROBOT_HOME: $HF_LEROBOT_HOME, else $HF_HOME/lerobot, else ~/.cache/huggingface/lerobot
+    (lerobot/utils/constants.py; HF_HOME as huggingface_hub reads it, XDG_CACHE_HOME included)."""
+    if environ.get('HF_LEROBOT_HOME'):
+        return Path(environ['HF_LEROBOT_HOME']).expanduser()
+    cache = Path(environ.get('XDG_CACHE_HOME') or '~/.cache').expanduser()
+    return Path(environ.get('HF_HOME') or cache / 'huggingface').expanduser() / 'lerobot'
+
+
+def recorded_fps(folder: Path, environ: Optional[Mapping[str, str]] = None) -> Optional[Tuple[float, str]]:
+    """The frame rate the checkpoint was trained at, and where it is written; None when nothing records it.
+
+    In this order: ``training.json``'s ``action_period_sec`` (vla_policy_train_demo); lerobot's
+    ``train_config.json`` (saved beside the policy by lerobot's ``save_checkpoint``,
+    lerobot/common/train_utils.py): its ``env.fps`` when it trained in a simulator, else the ``fps`` of its
+    dataset's ``meta/info.json`` when that dataset is on this machine (``dataset.root``, else
+    ``$HF_LEROBOT_HOME/<repo_id>``, as lerobot/configs/default.py ``DatasetConfig`` looks it up). lerobot's
+    policy config.json records no fps.
+    """
+    folder = Path(folder)
+    training = _json_object(folder / TRAINING_FILE) or {}
+    period = _positive(training.get('action_period_sec'))
+    if period is not None:
+        return 1.0 / period, f'{TRAINING_FILE} (action_period_sec {period:g})'
+    train_config = _json_object(folder / TRAIN_CONFIG_FILE)
+    if train_config is None:
+        return None
+    env = train_config.get('env')
+    fps = _positive(env.get('fps')) if isinstance(env, dict) else None
+    if fps is not None:
+        return fps, f'{TRAIN_CONFIG_FILE} (env.fps)'
+    dataset = train_config.get('dataset')
+    if not isinstance(dataset, dict) or not isinstance(dataset.get('repo_id'), str):
+        return None
+    root = dataset.get('root')
+    root = Path(root).expanduser() if isinstance(root, str) and root else \
+        lerobot_home(os.environ if environ is None else environ) / dataset['repo_id']
+    info = root / 'meta' / 'info.json'
+    fps = _positive((_json_object(info) or {}).get('fps'))
+    return (fps, f'{info} (fps, the dataset of {TRAIN_CONFIG_FILE})') if fps is not None else None
 
 
 def read_config_json(folder: Path) -> Dict[str, Any]:

@@ -146,22 +146,33 @@ class GemmaStack(nn.Module):
         return self.norm(x, cond)[0] if cond is not None else self.norm(x)
 
     def prefix_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  mask: torch.Tensor) -> torch.Tensor:
+                  mask: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """Run the prefix through the stream and keep each layer's K/V.
 
-        x [B, P, W], mask additive [B, 1, P, P] -> kv [L, 2, B, K, P, D].
+        x [B, P, W], mask additive [B, 1, P, P] -> kv [L, 2, B, K, P, D] in ``dtype`` (the compute dtype;
+        default x's: x may be fp32 under bf16, see ``stream_input``).
         Only K/V leave this function: the last layer's attention output and MLP
         feed nothing the suffix reads, so they are not computed.
         """
         size = self.size
         batch, prefix_len, _ = x.shape
-        kv = x.new_empty(size.depth, 2, batch, size.num_kv_heads, prefix_len, size.head_dim)
+        kv = x.new_empty(size.depth, 2, batch, size.num_kv_heads, prefix_len, size.head_dim,
+                         dtype=dtype or x.dtype)
         self.write_kv(x, kv, 0, cos, sin, fold_mask(mask, size.num_heads // size.num_kv_heads))
         return kv
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream's dtype for tokens entering the stack (fp32 with ``residual_fp32``)."""
         return x.float() if self.residual_fp32 else x
+
+    def stream_input(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Tokens computed in fp32 outside the stack (image tokens, pi0's state and action-time tokens), as they
+        enter it: unrounded with ``residual_fp32``, else rounded to the compute ``dtype`` (lerobot's way).
+
+        With lerobot's initialisation each block adds little to the stream (the weights' gain is 1/sqrt(3)), so
+        an input token's own bf16 rounding reaches the final norm nearly whole: rounding it before an fp32
+        stream was most of our bf16 action error on lerobot's deep pi0 (bench/compare_lerobot_bf16.py)."""
+        return x.float() if self.residual_fp32 else x.to(dtype)
 
     def write_kv(self, x: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
                  mask: torch.Tensor) -> None:

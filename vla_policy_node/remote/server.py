@@ -11,9 +11,10 @@ and requests wait in a bounded queue, refused with a clear message when it is fu
 robots is sglang's and vLLM-Omni's job; this server serves one request at a time, through one cache.
 
 Requests: frames per camera name under ``images`` (HWC or CHW uint8; float in [0, 1] is scaled as openpi
-does), or openpi's DROID / LIBERO keys (droid_policy.py, libero_policy.py; the layouts of wire/profiles.py),
-whose i-th image is the checkpoint's i-th camera; any size (the runtime resizes with padding); ``state``
-(or DROID's joint + gripper positions, LIBERO's ``observation/state``); ``prompt``.
+does, a float frame with NaN/inf or values outside [0, 1] is refused as bad_image), or openpi's DROID /
+LIBERO keys (droid_policy.py, libero_policy.py; the layouts of wire/profiles.py), whose i-th image is the
+checkpoint's i-th camera; any size (the runtime resizes with padding); ``state`` (or DROID's joint +
+gripper positions, LIBERO's ``observation/state``); ``prompt``.
 Extensions (listed in the metadata): ``seed``, ``noise`` [H, max_action_dim], ``num_steps``, and for
 real-time chunking ``prev_actions`` [T, action_dim] (robot units) with ``inference_delay`` and ``rtc``.
 """
@@ -37,6 +38,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from ..observation import Observation, ObservationError
+from ..observation_checks import rgb_from_float
 from ..policy.rtc import RTCSettings
 from ..wire import codec
 from ..wire.profiles import LAYOUTS
@@ -64,11 +66,11 @@ class RequestError(ValueError):
 
 def _frame(name: str, value: Any) -> np.ndarray:
     """One camera as the runtime takes it: uint8 [H, W, 3] (openpi's _parse_image: floats are scaled by 255
-    and a leading 3 is CHW)."""
+    and a leading 3 is CHW); a float frame outside [0, 1] or not finite: ObservationError bad_image."""
     if not isinstance(value, np.ndarray) or value.ndim != 3:
         raise RequestError(f'images.{name}: expected an image array [H, W, 3] or [3, H, W]')
     if np.issubdtype(value.dtype, np.floating):
-        value = (255 * value).astype(np.uint8)
+        value = rgb_from_float(name, value)
     if value.shape[0] == 3 and value.shape[2] != 3:
         value = value.transpose(1, 2, 0)
     return np.ascontiguousarray(value)
@@ -184,6 +186,8 @@ class PolicyServer:
             observation, options = parse_request(codec.unpackb(frame, self.max_message_bytes), self.camera_keys)
         except (codec.CodecError, RequestError) as exc:
             return f'error: bad request: {exc}'
+        except ObservationError as exc:          # a frame refused while it is read (rgb_from_float)
+            return f'error: [{exc.reason}] {exc}'
         if self._pending >= self.max_queue:
             self.refused_busy += 1
             return f'error: busy: {self._pending} requests already queued (max_queue {self.max_queue}); try again'

@@ -22,6 +22,7 @@ from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
+from vla_policy_node.ros.startup import init_rclpy
 from vla_policy_node.replay.bag_io import BagError, BagMessage, PathLike, bag_topics, read_messages
 
 CLOCK_TOPIC = '/clock'
@@ -285,10 +286,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``argv`` excludes the program name, as for argparse; None means sys.argv[1:].
     """
     full_argv = ['vla_policy_play'] + list(sys.argv[1:] if argv is None else argv)
-    args = _parse_args(remove_ros_args(full_argv)[1:])
     context = Context()
-    rclpy.init(args=full_argv, context=context)
+    status = init_rclpy('vla_policy_play', full_argv, context=context)     # before remove_ros_args, which
+    if status is not None:                                                  # parses the params files too
+        return status
     try:
+        args = _parse_args(remove_ros_args(full_argv)[1:])
         count = play(args.bag, rate=args.rate, topics=args.topics, clock=not args.no_clock,
                      clock_topic=args.clock_topic, loop=args.loop, context=context,
                      wait_for_subscribers=args.wait_for_subscribers)

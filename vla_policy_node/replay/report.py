@@ -108,11 +108,12 @@ def camera_clock_summary(stats: TickStats, values: Mapping[str, Any]) -> Dict[st
 def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> Dict[str, Any]:
     """Holds per reason, interventions per kind (and per kind and joint), ticks spent held."""
     state, holds, interventions, dropped = supervisor.counters()
+    _, cannot_hold = supervisor.hold_waiting()
     per_kind: Dict[str, int] = {}
     for key, count in interventions.items():
         kind = key.split(':', 1)[0]
         per_kind[kind] = per_kind.get(kind, 0) + count
-    return {'final_state': state, 'holds': dict(sorted(holds.items())),
+    return {'final_state': state, 'holds': dict(sorted(holds.items())), 'cannot_hold_count': cannot_hold,
             'hold_trajectories': sum(1 for r in records if r.hold),
             'ticks_held': sum(1 for r in records if r.supervisor != 'active'),
             'interventions': dict(sorted(per_kind.items())),

@@ -39,6 +39,8 @@ class PolicyReport:
     holds: Dict[str, int] = field(default_factory=dict)           # reason -> entries into the held state
     interventions: Dict[str, int] = field(default_factory=dict)   # '<kind>:<joint>' -> points changed
     dropped: int = 0                   # policy trajectories an e-stop overtook before publication
+    hold_pending: bool = False         # a hold is due and waits for a joint state to hold to
+    cannot_hold_count: int = 0         # holds that found no joint state to hold to when they fell due
     waiting_for_clock: bool = False    # use_sim_time and no /clock yet: ROS time is 0, no tick runs
 
     def with_runtime(self, runtime: Optional[PolicyRuntime]) -> 'PolicyReport':
@@ -87,6 +89,7 @@ class DiagnosticsPublisher:
                               waiting_for_clock=now_ns == 0).with_runtime(runtime)
         if supervisor is not None:
             report.supervisor, report.holds, report.interventions, report.dropped = supervisor.counters()
+            report.hold_pending, report.cannot_hold_count = supervisor.hold_waiting()
         self._publisher.publish(diagnostics_msg(now_ns, report))
 
 
@@ -114,6 +117,7 @@ def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
     if report.supervisor:
         pairs += [('supervisor_state', report.supervisor), ('trajectories_dropped_by_estop', report.dropped)]
         pairs += [(f'holds_{reason}', count) for reason, count in sorted(report.holds.items())]
+        pairs += [('hold_pending', report.hold_pending), ('cannot_hold_count', report.cannot_hold_count)]
         pairs += [(f'intervention_{key.replace(":", "_")}', count)
                   for key, count in sorted(report.interventions.items())]
     pairs += [('ticks', stats.ticks), ('chunks_computed', stats.chunks), ('chunks_published', stats.published),

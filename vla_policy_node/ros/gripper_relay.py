@@ -47,7 +47,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from rclpy.node import Node
     from std_msgs.msg import Float64MultiArray
 
-    rclpy.init(args=argv)
+    from .startup import init_rclpy
+
+    status = init_rclpy('vla_policy_gripper_relay', argv if argv is not None else sys.argv)
+    if status is not None:
+        return status
     node = Node('vla_policy_gripper_relay')
     topic = node.declare_parameter('command_topic', 'gripper_controller/commands').value
     action = node.declare_parameter('action', 'gripper_action_controller/gripper_cmd').value

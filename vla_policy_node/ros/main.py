@@ -9,7 +9,8 @@ the context down, in that order. By phase:
 
 * importing (torch and its C++ extensions): the signal is noted and main() returns 0 once the
   imports are done (an exception raised inside a C++ extension's start-up can abort the process);
-* starting (rclpy.init, checkpoint load, warm-up): the first signal raises KeyboardInterrupt in
+* starting (rclpy.init, checkpoint load, warm-up; a missing or unparsable ``--params-file`` ends here
+  with one line naming it and status 2, ros/startup.py): the first signal raises KeyboardInterrupt in
   the main thread, abandoning a long configure;
 * spinning: the signal sets a flag that the spin loop reads at least every SPIN_TIMEOUT_SEC;
 * stopping: both signals are ignored, so a second one (a terminal's Ctrl-C reaches the node twice
@@ -59,11 +60,15 @@ def main(args: Optional[List[str]] = None) -> int:
         from rclpy.signals import SignalHandlerOptions
 
         from .node import VlaPolicyNode
+        from .startup import init_rclpy
 
         _phase = 'starting'
         if _stop_requested:
             return 0
-        rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+        status = init_rclpy('vla_policy_node', args if args is not None else sys.argv,
+                            signal_handler_options=SignalHandlerOptions.NO)
+        if status is not None:
+            return status
         node = VlaPolicyNode()
         # Inputs are cheap callbacks and ticks run on the TickWorker thread: one executor thread is enough.
         executor = SingleThreadedExecutor()

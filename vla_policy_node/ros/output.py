@@ -56,7 +56,12 @@ class TrajectoryOutput:
     def emit(self, review: Review, dry_run: bool) -> None:
         for line in review.transitions:
             self._logger.warning(line)
-        if review.cannot_hold and self._reporter.should_report('cannot_hold'):
+        # Once per hold (the supervisor says it once; cannot_hold_count in /diagnostics counts them). No joint
+        # state yet, as at start-up before the first messages, is no error. rclpy ties one severity to each
+        # logging call site: two calls.
+        if review.cannot_hold and review.cannot_hold_waiting:
+            self._logger.warning(review.cannot_hold)
+        elif review.cannot_hold:
             self._logger.error(review.cannot_hold)
         plan = review.plan
         if plan is None:

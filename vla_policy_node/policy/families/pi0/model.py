@@ -140,7 +140,7 @@ class PiZeroModel(PolicyModel):
         paligemma = self.paligemma_with_expert.paligemma.model
         tokens = paligemma.vision_tower(images.flatten(0, 1).float(), torch.float32)   # [B*N, P_img, W_vis]
         projected = paligemma.multi_modal_projector.linear(tokens)                      # [B*N, P_img, W_lm]
-        return projected.reshape(batch, cameras * projected.shape[1], -1).to(self.compute_dtype)
+        return self._lm.stream_input(projected.reshape(batch, cameras * projected.shape[1], -1), self.compute_dtype)
 
     @torch.no_grad()
     def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
@@ -152,7 +152,7 @@ class PiZeroModel(PolicyModel):
         cfg = self.config
         check_prefix_inputs(cfg, images, image_masks, tokens, token_masks)
         image_tokens = self.embed_images(images)                                       # [B, N*P_img, W]
-        text_tokens = self._lm.embed(tokens).to(self.compute_dtype)                    # [B, L, W]
+        text_tokens = self._lm.stream_input(self._lm.embed(tokens), self.compute_dtype)  # [B, L, W]
         x = torch.cat([image_tokens, text_tokens], dim=1)                              # [B, P, W]
         image_pad = image_masks[:, :, None].expand(-1, -1, cfg.tokens_per_image).reshape(images.shape[0], -1)
         pad = torch.cat([image_pad, token_masks.bool()], dim=1)                        # [B, P]
@@ -160,7 +160,7 @@ class PiZeroModel(PolicyModel):
         cos, sin = rope_cos_sin(positions, cfg.language.head_dim, cfg.rope_theta)
         # Every prefix token has ar=0: valid tokens all see each other.
         allowed = (pad[:, None, :] & pad[:, :, None])[:, None]                         # [B, 1, P, P]
-        kv = self._lm.prefix_kv(x, cos, sin, additive_mask(allowed, self.compute_dtype))
+        kv = self._lm.prefix_kv(x, cos, sin, additive_mask(allowed, self.compute_dtype), self.compute_dtype)
         return PrefixContext(kv=kv, pad_mask=pad)
 
     # ---- suffix --------------------------------------------------------------------
@@ -224,9 +224,9 @@ class PiZeroModel(PolicyModel):
             term = torch.where(clean[..., None], time_terms[-1], term)                  # [B, H, W]
         if not self.config.traits.adaptive_expert:
             hidden = F.linear(action_tokens, self.action_time_mlp_in.weight[:, :width]) + term
-            return self.action_time_mlp_out(F.silu(hidden)).to(self.compute_dtype), None
+            return self._expert.stream_input(self.action_time_mlp_out(F.silu(hidden)), self.compute_dtype), None
         cond = term if clean is not None else term[None].expand(batch, -1)              # [B, H, W] or [B, W]
-        return action_tokens.to(self.compute_dtype), cond
+        return self._expert.stream_input(action_tokens, self.compute_dtype), cond
 
     def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
         """The K/V workspace the loop reads: the prefix K/V extended by the suffix (fast_path.py)."""
@@ -252,7 +252,7 @@ class PiZeroModel(PolicyModel):
         if layout.state is not None:
             if state is None:
                 raise ValueError('pi0 needs the normalised state')
-            state_token = self.state_proj(state.float())[:, None].to(self.compute_dtype)   # [B, 1, W]
+            state_token = self._expert.stream_input(self.state_proj(state.float())[:, None], self.compute_dtype)
             self._expert.write_kv(state_token, kv_workspace, context.prefix_len, *layout.state)   # once per chunk
         time_terms = self._time_terms(start.num_steps)                                  # [N + 1, W]
         return ChunkSetup(layout, kv_workspace, time_terms, start.guide, start.noise, start.num_steps)
