@@ -89,6 +89,7 @@ OPTIONS = {
     'group 64, bf16 scales, nothing kept': (64, torch.bfloat16, False, False, False),
     'group 32, bf16 scales, nothing kept': (32, torch.bfloat16, False, False, False),
     'group 64, keep shared k/v': (64, torch.bfloat16, False, False, True),
+    'group 64, keep o_proj + shared k/v': (64, torch.bfloat16, False, True, True),
     'group 64, keep expert + shared k/v': (64, torch.bfloat16, True, False, True),
     'group 32, keep expert + shared k/v': (32, torch.bfloat16, True, False, True),
     'group 64, keep expert + o_proj + shared k/v': (64, torch.bfloat16, True, True, True),
