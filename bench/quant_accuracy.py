@@ -123,10 +123,13 @@ def option_bytes(label: str) -> Dict[str, float]:
     return ratios
 
 
-def print_options(types: List[str], depth: int, width_scale: int, steps: int, seeds: int) -> None:
+def print_options(types: List[str], depth: int, width_scale: int, steps: int, seeds: int,
+                  rows: Optional[List[int]] = None) -> None:
     print(f'\nint8_weights options: max action error / lerobot bf16 recipe max (fp32 | bf16 compute), summed over '
           f'{seeds} seed(s), gemma_300m/{width_scale} x 2 streams, {depth} layers; full-size bytes / bf16 bytes')
-    for label in OPTIONS:
+    for row, label in enumerate(OPTIONS):
+        if rows and row not in rows:
+            continue
         cells = []
         for policy_type in types:
             totals = [0.0, 0.0, 0.0]
@@ -228,6 +231,8 @@ def main(argv=None) -> int:
     parser.add_argument('--ablation', action='store_true')
     parser.add_argument('--no-recipe', action='store_true')
     parser.add_argument('--options', action='store_true', help="only int8_weights' alternatives (pi0 / pi0.5)")
+    parser.add_argument('--option-rows', default='', help='with --options: the row numbers to run (0-based, '
+                                                          'comma-separated; default all)')
     parser.add_argument('--quick', action='store_true', help='--depth 4 --width-scale 4 --seeds 1, tiny SmolVLA')
     args = parser.parse_args(argv)
     if args.quick:
@@ -235,7 +240,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     if args.options:
         print_options([t.strip() for t in args.types.split(',') if t.strip() != 'smolvla'], args.depth,
-                      args.width_scale, args.steps, args.seeds)
+                      args.width_scale, args.steps, args.seeds,
+                      [int(row) for row in args.option_rows.split(',') if row.strip()])
         return 0
     variants = VARIANTS + (ablation_variants() if args.ablation else [])
     print(f'torch {torch.__version__}, CPU, {args.threads} threads; errors |mode - fp32| in normalised action units, '
