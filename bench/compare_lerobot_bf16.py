@@ -262,8 +262,8 @@ def main() -> int:
         import transformers
         from lerobot.policies.pi0.modeling_pi0 import PI0Policy  # noqa: F401
     except ImportError as exc:
-        print(f'lerobot with its pi extra is needed (run this with a scratch venv\'s python, see the docstring): '
-              f'{exc}', file=sys.stderr)
+        print(f'skipped: needs lerobot with its pi extra ({exc}; run this with the python of a venv that has it, '
+              f'see the docstring)')
         return 2
     torch.set_num_threads(args.threads)
     from importlib.metadata import version
