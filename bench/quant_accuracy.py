@@ -13,14 +13,19 @@ layers, expert 0.75, chunk 50, weights N(0, 0.02)), two 640x480 frames, through 
 here: bench/compare_lerobot_smolvla.py has lerobot's, it needs lerobot). Errors in the model's normalised
 action space. int8 / fp8 "(fp32)" compute in fp32 (what the CPU runs), "(bf16)" in bf16 (what a GPU runs).
 
---ablation: int8_weights of one part only (vision, language model, action expert, token table), and of
-everything including the small projections the mode keeps (state / action / time / vision->language).
+--ablation: int8_weights' numbers (nothing kept) on one part only (vision, language model, action expert, token
+table, each projection kind of the language model), and int8_weights plus the small projections every mode
+keeps (state / action / time / vision->language).
+
+--options: int8_weights' alternatives (scale group, scale dtype, which projections stay in the compute dtype),
+each with its action error and the full-size pi0 / pi0.5 weight bytes (the doctor's count, meta device).
 
 Not a test: nothing is asserted (test/test_quantization.py pins the errors of a small model).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -36,8 +41,9 @@ for _path in (ROOT, ROOT / 'test', ROOT / 'bench'):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from vla_policy_node.policy import quant  # noqa: E402
 from vla_policy_node.policy.families.pi0.model import PiZeroModel  # noqa: E402
-from vla_policy_node.policy.quant import int8_rows, quantize_model  # noqa: E402
+from vla_policy_node.policy.quant import int8_dequantize, int8_weights, quantize_model  # noqa: E402
 import bf16_accuracy  # noqa: E402  (bench/ is on sys.path)
 import test_model_parity as parity  # noqa: E402  (test/ is on sys.path)
 
@@ -55,6 +61,10 @@ PARTS: Dict[str, Callable[[str], bool]] = {
     'action expert': lambda name: '.gemma_expert.' in name or '.lm_expert.' in name,
     'token table': lambda name: 'embed_tokens' in name,
 }
+LM_KINDS = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')   # --ablation's rows
+for _kind in LM_KINDS:
+    PARTS[f'language model {_kind}'] = (lambda name, kind=_kind: PARTS['language model'](name)
+                                        and name.endswith(kind))
 ALSO_SMALL = 'int8 everything (+ small projections)'
 
 
@@ -69,13 +79,80 @@ def quantize_small_too(model: nn.Module) -> None:
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, nn.Linear):
-                q, scale = int8_rows(module.weight)
-                module.weight.copy_(q * scale[:, None])
+                module.weight.copy_(int8_dequantize(*int8_weights(module.weight)))
+
+
+# label -> policy/quant.py settings (INT8_GROUP, INT8_SCALE_DTYPE, KEEP_ACTION_EXPERT, KEEP_ATTENTION_OUTPUT,
+# KEEP_SHARED_KV); the last one is the mode's own.
+OPTIONS = {
+    'per row, fp32 scales, nothing kept': (None, torch.float32, False, False, False),
+    'group 64, bf16 scales, nothing kept': (64, torch.bfloat16, False, False, False),
+    'group 32, bf16 scales, nothing kept': (32, torch.bfloat16, False, False, False),
+    'group 64, keep shared k/v': (64, torch.bfloat16, False, False, True),
+    'group 64, keep o_proj + shared k/v': (64, torch.bfloat16, False, True, True),
+    'group 64, keep expert + shared k/v': (64, torch.bfloat16, True, False, True),
+    'group 32, keep expert + shared k/v': (32, torch.bfloat16, True, False, True),
+    'group 64, keep expert + o_proj + shared k/v': (64, torch.bfloat16, True, True, True),
+}
+SETTINGS = ('INT8_GROUP', 'INT8_SCALE_DTYPE', 'KEEP_ACTION_EXPERT', 'KEEP_ATTENTION_OUTPUT', 'KEEP_SHARED_KV')
+
+
+@contextlib.contextmanager
+def int8_option(label: str):
+    saved = [getattr(quant, name) for name in SETTINGS]
+    for name, value in zip(SETTINGS, OPTIONS[label]):
+        setattr(quant, name, value)
+    try:
+        yield
+    finally:
+        for name, value in zip(SETTINGS, saved):
+            setattr(quant, name, value)
+
+
+def option_bytes(label: str) -> Dict[str, float]:
+    """int8_weights bytes / bf16 bytes of the full-size presets under one option (the doctor's count)."""
+    from vla_policy_node.doctor import quantized_bytes
+    from vla_policy_node.policy.families import family_class, preset_config
+
+    ratios = {}
+    with int8_option(label):
+        for name in ('pi0', 'pi05'):
+            config = preset_config(name)
+            figures = quantized_bytes(family_class(config.policy_type), config)
+            ratios[name] = figures['int8_weights'] / figures['none']
+    return ratios
+
+
+def print_options(types: List[str], depth: int, width_scale: int, steps: int, seeds: int,
+                  rows: Optional[List[int]] = None) -> None:
+    print(f'\nint8_weights options: max action error / lerobot bf16 recipe max (fp32 | bf16 compute), summed over '
+          f'{seeds} seed(s), gemma_300m/{width_scale} x 2 streams, {depth} layers; full-size bytes / bf16 bytes')
+    for row, label in enumerate(OPTIONS):
+        if rows and row not in rows:
+            continue
+        cells = []
+        for policy_type in types:
+            totals = [0.0, 0.0, 0.0]
+            for seed in range(seeds):
+                with int8_option(label):
+                    found = paligemma_errors(policy_type, depth, width_scale, steps, seed,
+                                             [('fp32', torch.float32, 'int8_weights', None),
+                                              ('bf16', torch.bfloat16, 'int8_weights', None)], True)
+                totals = [totals[0] + found['lerobot bf16 recipe'][0], totals[1] + found['fp32'][0],
+                          totals[2] + found['bf16'][0]]
+            cells.append(f'{policy_type} {totals[1] / totals[0]:4.2f}x | {totals[2] / totals[0]:4.2f}x')
+        ratios = option_bytes(label)
+        print(f'  {label:46} {"   ".join(cells)}   bytes pi0 {ratios["pi0"]:.3f}x, pi05 {ratios["pi05"]:.3f}x',
+              flush=True)
 
 
 def apply(model: nn.Module, dtype: torch.dtype, mode: str, only, label: str) -> nn.Module:
     model.set_compute_dtype(dtype)
-    quantize_model(model, mode, torch.device('cpu'), only=only)
+    if only is None:
+        quantize_model(model, mode, torch.device('cpu'))
+    else:       # one part at a time: the mode's numbers with nothing kept, so that every part can be measured
+        with int8_option('group 64, bf16 scales, nothing kept'):
+            quantize_model(model, mode, torch.device('cpu'), only=only)
     if label == ALSO_SMALL:
         quantize_small_too(model)
     return model
@@ -153,11 +230,19 @@ def main(argv=None) -> int:
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--ablation', action='store_true')
     parser.add_argument('--no-recipe', action='store_true')
+    parser.add_argument('--options', action='store_true', help="only int8_weights' alternatives (pi0 / pi0.5)")
+    parser.add_argument('--option-rows', default='', help='with --options: the row numbers to run (0-based, '
+                                                          'comma-separated; default all)')
     parser.add_argument('--quick', action='store_true', help='--depth 4 --width-scale 4 --seeds 1, tiny SmolVLA')
     args = parser.parse_args(argv)
     if args.quick:
         args.depth, args.width_scale, args.seeds = 4, 4, 1
     torch.set_num_threads(args.threads)
+    if args.options:
+        print_options([t.strip() for t in args.types.split(',') if t.strip() != 'smolvla'], args.depth,
+                      args.width_scale, args.steps, args.seeds,
+                      [int(row) for row in args.option_rows.split(',') if row.strip()])
+        return 0
     variants = VARIANTS + (ablation_variants() if args.ablation else [])
     print(f'torch {torch.__version__}, CPU, {args.threads} threads; errors |mode - fp32| in normalised action units, '
           f'max / mean, summed over {args.seeds} seed(s)')

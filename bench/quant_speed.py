@@ -91,11 +91,12 @@ def bench_kernels() -> None:
     for rows, k, n in ((50, 720, 2048), (50, 960, 2560), (256, 1024, 4096)):
         generator = torch.Generator().manual_seed(0)
         x, w = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
-        q, scale = int8_rows(w)
+        q, scale = int8_rows(w)                   # one scale per row: what torch's packed kernels take
+        scale = scale[:, 0]
         reference = F.linear(x, w)
         kernels = {
             'fp32 F.linear': lambda: F.linear(x, w),
-            'int8 dequantize + F.linear (ours)': lambda: F.linear(x, q * scale[:, None]),
+            'int8 dequantize + F.linear (per row)': lambda: F.linear(x, q * scale[:, None]),
             'bf16 F.linear': lambda: F.linear(x.bfloat16(), w.bfloat16()),
             'torch._weight_int8pack_mm (bf16 act.)':
                 lambda: torch._weight_int8pack_mm(x.bfloat16(), q, scale.bfloat16()),

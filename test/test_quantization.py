@@ -38,14 +38,21 @@ def test_every_block_projection_is_quantized_and_the_small_parts_are_not(kind, t
     names = {name for name, module in runtime.model.named_modules() if isinstance(module, QuantizedLinear)}
     plain = {name for name, module in runtime.model.named_modules() if isinstance(module, nn.Linear)}
     assert names and all('layers' in name.split('.') for name in names)
-    assert not any(name.split('.')[-1] in quant.PROJECTIONS and 'layers' in name.split('.') for name in plain)
+    block = {name for name in plain if name.split('.')[-1] in quant.PROJECTIONS and 'layers' in name.split('.')}
+    kept = quant.kept_in_compute_dtype(runtime.model, 'int8_weights')
+    assert block and block <= kept                       # a block projection stays plain only when it is kept
+    expert = {name for name, module in runtime.model.named_modules()
+              if any(module is inner for inner in runtime.model.action_expert.modules())}
+    assert block & expert and not names & expert         # the action expert stays in the compute dtype
+    assert {name.split('.')[-1] for name in block - expert} <= {'o_proj', 'k_proj', 'v_proj'}
     assert any('action_in_proj' in name for name in plain) and any('action_out_proj' in name for name in plain)
     described = runtime.describe()
     assert described['quantization'] == 'int8_weights'
     assert described['quantization_kernel'] == quant.KERNELS['int8_dequantize']
     unquantized = PolicyRuntime.from_pretrained(_folders(tiny_checkpoints, smolvla_checkpoint)[kind],
                                                 device='cpu', dtype='float32')
-    assert described['weight_bytes'] < 0.6 * unquantized.describe()['weight_bytes']
+    # fewer bytes (the tiny models' kept action expert is a large share; full sizes: the 0.55x test below)
+    assert described['weight_bytes'] < 0.8 * unquantized.describe()['weight_bytes']
 
 
 @pytest.mark.parametrize('mode', MODES)
@@ -95,8 +102,7 @@ def _deep_model(seed: int = 0) -> PiZeroModel:
     return fuse_projections(model)
 
 
-def _actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
-    config = model.config
+def _inputs(config, seed: int = 5):
     generator = torch.Generator().manual_seed(seed)
     height, width = config.image_resolution
     images = torch.rand(1, 2, 3, height, width, generator=generator) * 2 - 1
@@ -105,16 +111,31 @@ def _actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
     token_mask[:, :12] = True
     state = torch.randn(1, config.max_state_dim, generator=generator)
     noise = torch.randn(1, config.chunk_size, config.max_action_dim, generator=generator)
+    return images, torch.ones(1, 2, dtype=torch.bool), tokens, token_mask, state, noise
+
+
+def _actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
+    images, image_masks, tokens, token_mask, state, noise = _inputs(model.config, seed)
     with torch.no_grad():
-        context = model.fill_prefix(images, torch.ones(1, 2, dtype=torch.bool), tokens, token_mask)
-        return model.denoise(context, state, noise, 4)[0, :, :config.action_dim].double()
+        context = model.fill_prefix(images, image_masks, tokens, token_mask)
+        return model.denoise(context, state, noise, 4)[0, :, :model.config.action_dim].double()
+
+
+def _recipe_actions(model: PiZeroModel, seed: int = 5) -> torch.Tensor:
+    """lerobot's bf16 recipe (test_model_parity.ref_sample_actions on the bf16-cast model), same inputs."""
+    import test_model_parity as parity
+
+    model.set_compute_dtype(torch.bfloat16)
+    with torch.no_grad():
+        actions = parity.ref_sample_actions(model, *_inputs(model.config, seed), 4)
+    return actions[0, :, :model.config.action_dim].double()
 
 
 @pytest.fixture(scope='module')
 def deep_errors():
-    """max |actions - fp32 actions| under bf16 and each mode (fp32 and bf16 compute)."""
+    """max |actions - fp32 actions| under bf16, lerobot's bf16 recipe and each mode (fp32 and bf16 compute)."""
     reference = _actions(_deep_model())
-    errors = {}
+    errors = {('recipe', torch.bfloat16): float((_recipe_actions(_deep_model()) - reference).abs().max())}
     for dtype in (torch.float32, torch.bfloat16):
         for mode in ('none',) + MODES:
             if mode == 'none' and dtype == torch.float32:
@@ -125,16 +146,21 @@ def deep_errors():
     return errors
 
 
-# Measured (torch 2.13 CPU, this model): bf16 0.020; int8_weights 0.097 (fp32) / 0.093 (bf16); fp8 0.34 / 0.34.
-# Bounds at about 1.5x. int8 misses the brief's "<= 1.5x bf16" (docs/precision.md says why); a regression past
-# these bounds fails here.
-BOUNDS = {('none', torch.bfloat16): 0.03, ('int8_weights', torch.float32): 0.15,
-          ('int8_weights', torch.bfloat16): 0.15, ('fp8', torch.float32): 0.5, ('fp8', torch.bfloat16): 0.5}
+# Measured (torch 2.13 CPU, this model): lerobot's bf16 recipe 0.025, our bf16 0.020; int8_weights 0.027 (fp32) /
+# 0.038 (bf16); fp8 0.34 / 0.27. Bounds at about 1.5x: a regression past them fails here.
+BOUNDS = {('none', torch.bfloat16): 0.03, ('int8_weights', torch.float32): 0.04,
+          ('int8_weights', torch.bfloat16): 0.06, ('fp8', torch.float32): 0.5, ('fp8', torch.bfloat16): 0.5}
 
 
 @pytest.mark.parametrize('case', list(BOUNDS), ids=lambda case: f'{case[0]}-{str(case[1])[6:]}')
 def test_each_mode_stays_within_its_pinned_action_error(case, deep_errors):
     assert 0.0 < deep_errors[case] <= BOUNDS[case], deep_errors
+
+
+def test_int8_weights_in_fp32_is_within_1_5x_of_the_lerobot_bf16_recipe(deep_errors):
+    # The issue's target, on the CPU's compute dtype. In bf16 compute the bf16 rounding adds to int8's
+    # (1.5x here, 1.8-2.0x on bench/quant_accuracy.py's deeper models; docs/precision.md has the figures).
+    assert deep_errors[('int8_weights', torch.float32)] <= 1.5 * deep_errors[('recipe', torch.bfloat16)], deep_errors
 
 
 def test_int8_weights_is_more_accurate_than_fp8(deep_errors):
@@ -161,18 +187,32 @@ def test_fp8_reference_uses_real_e4m3_roundings_and_per_token_scales():
 def test_int8_rows_are_symmetric_per_output_channel():
     weight = torch.randn(16, 40) * torch.arange(1, 17)[:, None]
     q, scale = quant.int8_rows(weight)
-    assert q.dtype == torch.int8 and int(q.abs().amax(1).min()) == 127
-    assert torch.allclose(q.float() * scale[:, None], weight, atol=float(scale.max()) / 2 + 1e-6)
+    assert q.dtype == torch.int8 and scale.shape == (16, 1) and int(q.abs().amax(1).min()) == 127
+    assert torch.allclose(quant.int8_dequantize(q, scale), weight, atol=float(scale.max()) / 2 + 1e-6)
+
+
+def test_int8_groups_have_their_own_bf16_scale_and_round_against_it():
+    weight = torch.randn(8, 256)
+    weight[:, :64] *= 50.0                      # one loud group per row: the other groups keep their fine steps
+    q, scale = quant.int8_rows(weight, group=64, scale_dtype=torch.bfloat16)
+    assert scale.shape == (8, 4) and scale.dtype == torch.bfloat16
+    error = (quant.int8_dequantize(q, scale) - weight).abs().view(8, 4, 64).amax(-1)
+    assert torch.all(error <= scale.float() / 2 + 1e-6)             # half a step of the stored scale
+    per_row = quant.int8_rows(weight)
+    assert float((quant.int8_dequantize(*per_row) - weight)[:, 64:].abs().max()) > 4 * float(error[:, 1:].max())
+    q_odd, scale_odd = quant.int8_rows(torch.randn(4, 100), group=64)     # 64 does not divide 100: per row
+    assert scale_odd.shape == (4, 1)
 
 
 def test_fused_quantized_projection_is_its_parts_side_by_side(tiny_checkpoints):
     runtime = PolicyRuntime.from_pretrained(tiny_checkpoints['pi0'], device='cpu', dtype='float32',
                                             quantization='int8_weights')
-    attention = next(module for module in runtime.model.modules() if hasattr(module, 'qkv'))
-    x = torch.randn(1, 3, attention.q_proj.in_features)
-    parts = torch.cat([attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)], dim=-1)
-    assert torch.allclose(attention.qkv(x), parts, atol=1e-5)
-    assert attention.q_proj.qweight.untyped_storage().data_ptr() == attention.qkv.weight.untyped_storage().data_ptr()
+    mlp = next(module for module in runtime.model.modules()
+               if hasattr(module, 'gate_up') and isinstance(module.gate_proj, QuantizedLinear))
+    x = torch.randn(1, 3, mlp.gate_proj.in_features)
+    parts = torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1)
+    assert torch.allclose(mlp.gate_up(x), parts, atol=1e-5)
+    assert mlp.gate_proj.qweight.untyped_storage().data_ptr() == mlp.gate_up.weight.untyped_storage().data_ptr()
 
 
 # ---- refusals -----------------------------------------------------------------------------------------------

@@ -4,19 +4,22 @@ What is quantized (every family alike, chosen by module name, so no family is na
 - the projections of the transformer blocks: every ``nn.Linear`` named ``...layers.<i>...<proj>`` with
   ``<proj>`` one of ``PROJECTIONS`` (attention q/k/v/o, MLP gate/up/down, SigLIP fc1/fc2). They hold
   ~83% of pi0's weights and run every GEMM that matters;
-- under int8_weights also the token embedding tables (``embed_tokens``), one int8 row per token with its
-  scale: a look-up, no matmul, ~16% of pi0's weights (the 257k x 2048 PaliGemma table).
-What stays in the compute dtype (or fp32 where the model keeps it): norms (and pi0.5's adaptive-norm
-dense layers), the patch and position embeddings, the vision->language projector, the state / action /
-time projections around the action expert, the lm head (not loaded). Together under 1% of the weights
+- under int8_weights also the token embedding tables (``embed_tokens``), int8 rows with their scales: a
+  look-up, no matmul, ~16% of pi0's weights (the 257k x 2048 PaliGemma table).
+What int8_weights keeps in the compute dtype although it is a block projection (``kept_in_compute_dtype``,
+measured by bench/quant_accuracy.py --ablation / --options): the action expert, the attention output
+projections and grouped-query k/v projections, ~12% of pi0's weights, which carry most of int8's action error.
+What stays in the compute dtype (or fp32 where the model keeps it) under every mode: norms (and pi0.5's
+adaptive-norm dense layers), the patch and position embeddings, the vision->language projector, the state /
+action / time projections around the action expert, the lm head (not loaded). Together under 1% of the weights
 and the first / last step of every action: bench/quant_accuracy.py measures what quantizing them would add.
 
 Modes and kernels (``check_device`` picks the kernel for a device, or refuses):
-- ``int8_weights``: symmetric per-output-channel int8 weights, scale = max|w_row| / 127; activations stay
-  in the compute dtype. CUDA (Ampere and newer, no Triton needed): the int8 rows are dequantized into the
-  compute dtype per matmul (memory is the gain: weights at about half their bf16 bytes). CPU: the same
-  dequantizing kernel (``int8_dequantize``); torch's own packed int8 kernels measured slower or less exact
-  (bench/quant_accuracy.py --kernels prints them).
+- ``int8_weights``: symmetric int8 weights, one bf16 scale per 64 inputs of each output row (scale =
+  max|w_group| / 127); activations stay in the compute dtype. CUDA (Ampere and newer, no Triton needed): the
+  int8 rows are dequantized into the compute dtype per matmul (memory is the gain: pi0's weights at 0.51x
+  their bf16 bytes). CPU: the same dequantizing kernel (``int8_dequantize``); torch's own packed int8 kernels
+  measured slower or less exact (bench/quant_speed.py --kernels prints them).
 - ``fp8``: e4m3 weights with per-output-channel scales (max|w_row| / 448) and e4m3 activations with
   per-token dynamic scales (max|x_token| / 448). CUDA with compute capability >= 8.9: ``torch._scaled_mm``
   (cuBLASLt) with unit scales and fp32 output, the two scales applied after it. CPU: a reference that
@@ -28,7 +31,7 @@ the cache key (cache/key.py), so a hit returns exactly what its miss computed.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +45,14 @@ FP8_MIN_CAPABILITY = (8, 9)
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
 _TINY = 1e-12       # floor of a scale: an all-zero row or token quantizes to zeros, never to NaN
+# int8_weights' numbers (bench/quant_accuracy.py --options measures the alternatives): one bf16 scale per 64
+# inputs of a row, round-to-nearest, and three kinds of projections kept in the compute dtype (KEEP_*; the
+# bench switches these to measure them, the node never does).
+INT8_GROUP = 64
+INT8_SCALE_DTYPE = torch.bfloat16
+KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` module (the families name it)
+KEEP_SHARED_KV = True         # k/v projections narrower than their q (grouped-query attention)
+KEEP_ATTENTION_OUTPUT = True  # the attention output projections (o_proj) of the Gemma / Llama blocks
 
 KERNELS = {   # kernel -> what /diagnostics says runs
     'none': 'unquantized',
@@ -94,11 +105,32 @@ def check_device(mode: str, device: torch.device, capability: Optional[Tuple[int
 
 # ---- the numbers --------------------------------------------------------------------------------------------
 
-def int8_rows(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> int8 [N, K] and fp32 scales [N] with weight ~= q * scale (symmetric, per row)."""
-    w = weight.detach().float()
-    scale = (w.abs().amax(dim=-1) / INT8_MAX).clamp_min(_TINY)
-    return torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+def int8_rows(weight: torch.Tensor, group: Optional[int] = None,
+              scale_dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> int8 [N, K] and scales [N, G] in ``scale_dtype`` with weight ~= q * scale (symmetric,
+    round-to-nearest), one scale per ``group`` consecutive inputs of a row (G = K / group; one per row where
+    ``group`` is None or does not divide K). The int8 values are rounded against the stored (rounded) scale, so
+    a bf16 scale costs no gain error, only at most a quarter step of clipping on a group's largest value.
+    (An MSE-optimal clip of each scale, searched per group, lowered no action error measurably at 8 bits:
+    clipping one large weight costs more than the finer steps of the others win.)"""
+    rows, columns = weight.shape
+    size = group if group and columns % group == 0 else columns
+    w = weight.detach().float().reshape(rows, columns // size, size)
+    scale = (w.abs().amax(dim=-1) / INT8_MAX).clamp_min(_TINY).to(scale_dtype).float()
+    q = torch.round(w / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q.reshape(rows, columns), scale.to(scale_dtype)
+
+
+def int8_weights(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """int8_rows with int8_weights' settings (INT8_GROUP, INT8_SCALE_DTYPE)."""
+    return int8_rows(weight, INT8_GROUP, INT8_SCALE_DTYPE)
+
+
+def int8_dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 [..., K] and scales [..., G] (int8_rows) -> fp32 [..., K]."""
+    groups = scale.shape[-1]
+    shape = qweight.shape
+    return (qweight.reshape(*shape[:-1], groups, shape[-1] // groups) * scale[..., None].float()).reshape(shape)
 
 
 def fp8_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +169,7 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, mode: str, kernel: str) -> 'QuantizedLinear':
         with torch.no_grad():
-            quantize = int8_rows if mode == 'int8_weights' else fp8_rows
+            quantize = int8_weights if mode == 'int8_weights' else fp8_rows
             qweight, scale = quantize(linear.weight)
             bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(mode, kernel, qweight, scale, bias, linear.weight.dtype)
@@ -154,7 +186,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
     """x [..., in] -> [..., out] in x's dtype, through the kernel ``check_device`` chose."""
     if mode == 'int8_weights':
         # fp32 dequantization, rounded once to the compute dtype: the GEMM is the unquantized one's
-        weight = (qweight * scale[:, None]).to(x.dtype)
+        weight = int8_dequantize(qweight, scale).to(x.dtype)
         return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
     flat = x.reshape(-1, x.shape[-1])
     out = _fp8_matmul(flat, qweight.view(torch.float8_e4m3fn), scale, reference=kernel == 'fp8_reference')
@@ -168,14 +200,14 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, embedding: nn.Embedding) -> None:
         super().__init__()
-        qweight, scale = int8_rows(embedding.weight)
+        qweight, scale = int8_weights(embedding.weight)
         self.dtype = embedding.weight.dtype
         self.num_embeddings, self.embedding_dim = qweight.shape
         self.register_buffer('qweight', qweight)
         self.register_buffer('scale', scale)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return (self.qweight[tokens] * self.scale[tokens][..., None]).to(self.dtype)
+        return int8_dequantize(self.qweight[tokens], self.scale[tokens]).to(self.dtype)
 
 
 def input_dtype(linear: nn.Module) -> torch.dtype:
@@ -215,6 +247,31 @@ def quantizable(name: str, module: nn.Module, mode: str) -> bool:
     return mode == 'int8_weights' and isinstance(module, nn.Embedding) and parts[-1] in EMBEDDINGS
 
 
+def kept_in_compute_dtype(model: nn.Module, mode: str) -> FrozenSet[str]:
+    """The names of the projections int8_weights leaves in the compute dtype although ``quantizable`` holds
+    (bench/quant_accuracy.py --ablation --options measured why): every module of the model's ``action_expert``
+    (its error enters every denoising step and the actions directly; ~9% of pi0's weights), the attention
+    output projections ``o_proj`` (each block's attention enters the residual stream through it; ~2%), and
+    every k/v projection narrower than its block's q projection (grouped-query attention: one k/v head serves
+    several query heads, so its rounding error is shared by all of them; under 1%). fp8 keeps none."""
+    if mode != 'int8_weights':
+        return frozenset()
+    names = set()
+    expert = getattr(model, 'action_expert', None)
+    if KEEP_ACTION_EXPERT and isinstance(expert, nn.Module):
+        inside = {id(module) for module in expert.modules()}
+        names.update(name for name, module in model.named_modules() if id(module) in inside)
+    for name, module in model.named_modules():
+        parent_name, _, child = name.rpartition('.')
+        if KEEP_ATTENTION_OUTPUT and child == 'o_proj' and isinstance(module, nn.Linear):
+            names.add(name)
+        if KEEP_SHARED_KV and child in ('k_proj', 'v_proj') and isinstance(module, nn.Linear):
+            query = getattr(model.get_submodule(parent_name), 'q_proj', None)      # nn.Linear or quantized
+            if getattr(query, 'out_features', 0) > module.out_features:
+                names.add(name)
+    return frozenset(names)
+
+
 def check_shapes(model: nn.Module, mode: str, kernel: str) -> None:
     """torch._scaled_mm needs both dims of every weight to be multiples of 16; QuantizationError otherwise."""
     if kernel != 'fp8_scaled_mm':
@@ -239,9 +296,11 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device,
         return kernel
     check_shapes(model, mode, kernel)
     replaced: Dict[int, nn.Module] = {}
+    kept = kept_in_compute_dtype(model, mode)
     with torch.inference_mode(False), torch.no_grad():
         for name, module in list(model.named_modules()):
-            if not name or not quantizable(name, module, mode) or (only is not None and not only(name)):
+            if (not name or not quantizable(name, module, mode) or name in kept
+                    or (only is not None and not only(name))):
                 continue
             parent_name, _, child = name.rpartition('.')
             parent = model.get_submodule(parent_name) if parent_name else model

@@ -128,6 +128,11 @@ class PiZeroModel(PolicyModel):
     def _expert(self) -> GemmaStack:
         return self.paligemma_with_expert.gemma_expert.model
 
+    @property
+    def action_expert(self) -> nn.Module:
+        """The action expert's stack (policy/quant.py keeps it in the compute dtype under int8_weights)."""
+        return self._expert
+
     # ---- prefix ------------------------------------------------------------------
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, N, 3, H, W] in [-1, 1] -> image tokens [B, N*P_img, W_lm] (unscaled projector output)."""

@@ -130,6 +130,11 @@ class SmolVLAModel(PolicyModel):
     def _expert(self) -> LlamaExpert:
         return self.vlm_with_expert.lm_expert
 
+    @property
+    def action_expert(self) -> nn.Module:
+        """The action expert's stack (policy/quant.py keeps it in the compute dtype under int8_weights)."""
+        return self._expert
+
     def _mask(self, allowed: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """bool [B, 1, S, T] -> additive (compute dtype unless given), folded for the G query heads per kv head."""
         text = self.config.text
