@@ -255,8 +255,8 @@ def main(argv=None) -> int:
                         print(f'  seed {seed}, {name}: prefix K/V and step-0 expert hidden per layer, '
                               'mean |bf16 - fp32|')
                         for i in range(config.language.depth):
-                            print(f'    layer {i:2d}: K {error(context.kv[i, 0], context32.kv[i, 0])[1]:.2e} '
-                                  f'V {error(context.kv[i, 1], context32.kv[i, 1])[1]:.2e} '
+                            print(f'    layer {i:2d}: K {error(context["kv"][i, 0], context32["kv"][i, 0])[1]:.2e} '
+                                  f'V {error(context["kv"][i, 1], context32["kv"][i, 1])[1]:.2e} '
                                   f'hidden {error(hidden[i], hidden32[i])[1]:.2e}')
             if recipe:
                 if args.per_layer:

@@ -108,10 +108,10 @@ def correctness(checks: Checks, device: str, scratch: Path) -> None:
             # prefix untouched after 100 chunks
             fast.cache.clear()
             first = fast.infer(obs_a, seed=3)
-            stored = fast.cache.get(first.key).kv.clone()
+            stored = fast.cache.get(first.key)['kv'].clone()
             for i in range(100):
                 fast.infer(obs_a, seed=i, **(rtc if i % 2 else {}))
-            checks.check('prefix untouched after 100 chunks', torch.equal(stored, fast.cache.get(first.key).kv))
+            checks.check('prefix untouched after 100 chunks', torch.equal(stored, fast.cache.get(first.key)['kv']))
             # A/B/A alternation == fresh eager
             ok = True
             for name, obs in (('A', obs_a), ('B', obs_b), ('A', obs_a), ('B', obs_b), ('A', obs_a)):

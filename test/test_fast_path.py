@@ -106,13 +106,13 @@ def test_static_workspace_is_bit_identical_to_the_denoise(model, kind, valid_tok
     assert len(ids) == bucket
     with torch.no_grad():
         context = model.fill_prefix(images, image_masks, torch.from_numpy(ids)[None], torch.from_numpy(mask)[None])
-    kv = context.kv.clone()
+    kv = context['kv'].clone()
     state, noise, leftover = chunk_inputs(config, 0)
     fast = StaticDenoiser(model, family_name=config.policy_type, graphs=False)
     expected = model.denoise(context, state, noise, 3, **continuation(kind, leftover))
     got = fast.denoise(context, EntryToken('a', 1), state, noise, 3, **continuation(kind, leftover))
     assert torch.equal(got, expected)
-    assert torch.equal(context.kv, kv), 'the entry must never be written'
+    assert torch.equal(context['kv'], kv), 'the entry must never be written'
     # The same entry again: no copy, same actions.
     again = fast.denoise(context, EntryToken('a', 1), state, noise, 3, **continuation(kind, leftover))
     assert torch.equal(again, expected) and fast.describe()['workspace_copies'] == 1
@@ -217,11 +217,11 @@ def test_prefix_graph_output_is_copied_into_a_fresh_context(model):
     with torch.no_grad():
         expected = [model.fill_prefix(*first_inputs), model.fill_prefix(*second_inputs)]
         first = graphs.fill_prefix(*first_inputs)
-        first_kv = first.kv.clone()
+        first_kv = first['kv'].clone()
         second = graphs.fill_prefix(*second_inputs)
-    assert torch.equal(first.kv, expected[0].kv) and torch.equal(second.kv, expected[1].kv)
-    assert torch.equal(first.kv, first_kv), 'a later replay must not overwrite an earlier entry'
-    assert torch.equal(first.pad_mask, expected[0].pad_mask)
+    assert torch.equal(first['kv'], expected[0]['kv']) and torch.equal(second['kv'], expected[1]['kv'])
+    assert torch.equal(first['kv'], first_kv), 'a later replay must not overwrite an earlier entry'
+    assert torch.equal(first['pad_mask'], expected[0]['pad_mask'])
     assert len(graphs.cache) == 1
 
 

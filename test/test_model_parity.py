@@ -396,10 +396,10 @@ def test_denoise_leaves_the_context_untouched_and_is_repeatable(tiny_model):
     images, image_masks, tokens, token_masks, state, noise = model_inputs(config)
     with torch.no_grad():
         context = tiny_model.fill_prefix(images, image_masks, tokens, token_masks)
-        kv, pad = context.kv.clone(), context.pad_mask.clone()
+        kv, pad = context['kv'].clone(), context['pad_mask'].clone()
         first = tiny_model.denoise(context, state, noise, 3)
         second = tiny_model.denoise(context, state, noise, 3)
-    assert torch.equal(context.kv, kv) and torch.equal(context.pad_mask, pad)
+    assert torch.equal(context['kv'], kv) and torch.equal(context['pad_mask'], pad)
     assert torch.equal(first, second)
     assert context.prefix_len == config.prefix_len
 

@@ -172,11 +172,11 @@ def test_hit_equals_miss_with_rtc_and_the_prefix_stays_untouched(runtime):
     leftover = np.linspace(-1, 1, 8 * 6).reshape(8, 6)
     miss = runtime.infer(obs, seed=1, prev_actions=leftover, inference_delay=2, rtc=rtc)
     entry = runtime.cache.get(miss.key)
-    stored = entry.kv.clone()
+    stored = entry['kv'].clone()
     hit = runtime.infer(obs, seed=1, prev_actions=leftover, inference_delay=2, rtc=rtc)
     assert not miss.cache_hit and hit.cache_hit and miss.continued and hit.continued
     assert np.array_equal(hit.actions, miss.actions)
-    assert torch.equal(runtime.cache.get(miss.key).kv, stored)
+    assert torch.equal(runtime.cache.get(miss.key)['kv'], stored)
     plain = runtime.infer(obs, seed=1)
     assert plain.cache_hit and not plain.continued and not np.array_equal(plain.actions, miss.actions)
 

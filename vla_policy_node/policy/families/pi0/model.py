@@ -7,7 +7,7 @@
 
 Inference is split in two: ``fill_prefix`` runs the vision tower and the
 language model once and returns a read-only ``PrefixContext`` (per-layer
-K/V); ``denoise`` runs only the expert against it. A cached context can
+K/V, ``kv_prefix_context``); ``denoise`` runs only the expert against it. A cached context can
 therefore be reused for any number of chunks.
 
 Module names mirror lerobot's ``PI0Pytorch``/``PI05Pytorch`` so that
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ....cache.context import PrefixContext
+from ....cache.context import KV, PAD_MASK, PrefixContext, kv_prefix_context
 from .config import PolicyConfig
 from ...gemma import GemmaStack
 from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
@@ -161,7 +161,7 @@ class PiZeroModel(PolicyModel):
         # Every prefix token has ar=0: valid tokens all see each other.
         allowed = (pad[:, None, :] & pad[:, :, None])[:, None]                         # [B, 1, P, P]
         kv = self._lm.prefix_kv(x, cos, sin, additive_mask(allowed, self.compute_dtype), self.compute_dtype)
-        return PrefixContext(kv=kv, pad_mask=pad)
+        return kv_prefix_context(kv, pad)
 
     # ---- suffix --------------------------------------------------------------------
     def time_embeddings(self, num_steps: int) -> torch.Tensor:
@@ -177,7 +177,7 @@ class PiZeroModel(PolicyModel):
         and every action token.
         """
         cfg = self.config
-        pad = context.pad_mask                                                          # [B, P]
+        pad = context[PAD_MASK]                                                         # [B, P]
         batch, prefix_len = pad.shape
         horizon, device = cfg.chunk_size, pad.device
         groups = cfg.expert.num_heads // cfg.expert.num_kv_heads
@@ -230,7 +230,7 @@ class PiZeroModel(PolicyModel):
 
     def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
         """The K/V workspace the loop reads: the prefix K/V extended by the suffix (fast_path.py)."""
-        return ((context.kv, context.prefix_len + self.config.suffix_len),)
+        return ((context[KV], context.prefix_len + self.config.suffix_len),)
 
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
