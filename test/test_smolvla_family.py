@@ -185,7 +185,7 @@ def test_without_a_tokenizer_the_load_names_tokenizer_path(folder):
 def test_a_pi05_only_option_is_refused_for_smolvla(tiny):
     with pytest.raises(ValueError, match='pi05_padded_state_prompt'):
         PolicyRuntime.from_pretrained(tiny, device='cpu', dtype='float32', pi05_padded_state_prompt=True)
-    assert family_class('smolvla').state_in_prompt is False
+    assert family_class('smolvla').capabilities.state_in_prompt is False
 
 
 # ---- pipeline details ---------------------------------------------------------------------------------

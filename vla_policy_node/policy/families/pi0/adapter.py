@@ -22,9 +22,9 @@ from ...checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common
                            normalizer_step, relative_step, write_folder)
 from .config import PolicyConfig, fields_for, preset
 from ...config_fields import ConfigError
-from ...family import PolicyFamily, TokenizerSource
+from ...family import Frames, PolicyFamily, TokenizerSource
 from .model import PiZeroModel
-from ...preprocess import resize_with_pad, to_model_range
+from ...preprocess import ImagePromptInputs, image_prompt_inputs, resize_with_pad, to_model_range
 from .tiny_tokenizer import build_test_tokenizer
 from .flops import stage_flops
 from .tokenizer import SENTENCEPIECE_FILE, PromptTokenizer
@@ -124,7 +124,12 @@ class Pi0Family(PolicyFamily):
     def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self.tokenizer.encode_pi0(instruction, self.config.tokenizer_max_length)
 
+    def prefix_inputs(self, frames: Frames, tokens: np.ndarray, token_mask: np.ndarray) -> ImagePromptInputs:
+        return image_prompt_inputs(frames, tokens, token_mask, self.image_to_model, self.config.image_resolution,
+                                   self.device)
+
     def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
+        """A frame [3, H, W] in [0, 1] -> [3, h, w] in [-1, 1]: lerobot's resize with pad, centred."""
         return to_model_range(resize_with_pad(unit, self.config.image_resolution))
 
 

@@ -25,7 +25,8 @@ from torch import nn
 from ....cache.context import KV, PAD_MASK, PrefixContext, kv_prefix_context
 from .config import PolicyConfig
 from ...gemma import GemmaStack
-from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
+from ...family import PolicyModel, WorkspaceSpec
+from ...preprocess import check_prefix_inputs
 from ...layers import TimeEmbeddingTable, additive_mask, fold_mask, rope_cos_sin
 from ...rtc import RTCGuide, RTCSettings
 from ...siglip import SiglipVisionTower
@@ -236,7 +237,7 @@ class PiZeroModel(PolicyModel):
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None,
+                    rtc: Optional[RTCSettings] = None, embodiment: Optional[torch.Tensor] = None,
                     workspace: Optional[Sequence[torch.Tensor]] = None) -> 'ChunkSetup':
         """Everything fixed for one chunk: ``start_chunk`` (inputs checked, the K/V workspace with the prefix,
         the RTC guide), then pi0's state token written into the workspace, the suffix layout, the time terms.
@@ -246,7 +247,8 @@ class PiZeroModel(PolicyModel):
         and the state part is written into them. The stored context is never written: each step writes only
         the action tokens' part of the workspace."""
         start = self.start_chunk(context, noise, num_steps, workspace, prev_chunk_left_over=prev_chunk_left_over,
-                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc,
+                                 embodiment=embodiment)
         layout = self._suffix_layout(context)
         (kv_workspace,) = start.workspace
         if layout.state is not None:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Tuple
 import numpy as np
 
 from ...checkpoint import WeightKeys, common_steps, device_step, normalizer_step, relative_step
+from ...family import FamilyCapabilities
 from ..pi0.config import PolicyConfig
 from ..pi0.adapter import EMBED_KEY, KEY_RENAMES, LM_HEAD_KEYS, Pi0Family, tokenizer_step
 
@@ -32,7 +33,7 @@ def pi05_unused(key: str) -> bool:
 
 class Pi05Family(Pi0Family):
     type_name: ClassVar[str] = 'pi05'
-    state_in_prompt: ClassVar[bool] = True
+    capabilities: ClassVar[FamilyCapabilities] = FamilyCapabilities(state_in_prompt=True)
     option_defaults: ClassVar[Mapping[str, Any]] = {'pi05_padded_state_prompt': False}
     preset_names: ClassVar[Tuple[str, ...]] = ('pi05',)
     weight_keys: ClassVar[WeightKeys] = WeightKeys(renames=PI05_KEY_RENAMES,

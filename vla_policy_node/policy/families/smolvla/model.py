@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....cache.context import KV, PAD_MASK, PrefixContext, kv_prefix_context
-from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
+from ...family import PolicyModel, WorkspaceSpec
+from ...preprocess import check_prefix_inputs
 from ...layers import (PackedLinears, TimeEmbeddingTable, additive_mask, fold_mask,
                        grouped_query_attention, keep_fp32, split_half_rope_tables)
 from ...rtc import RTCGuide, RTCSettings
@@ -234,7 +235,7 @@ class SmolVLAModel(PolicyModel):
     def chunk_setup(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None,
+                    rtc: Optional[RTCSettings] = None, embodiment: Optional[torch.Tensor] = None,
                     workspace: Optional[Sequence[torch.Tensor]] = None) -> SmolChunk:
         """Everything fixed for one chunk; the stored ``context`` is only read (copied into workspaces).
 
@@ -244,7 +245,8 @@ class SmolVLAModel(PolicyModel):
         if state is None or tuple(state.shape) != (context.batch_size, cfg.max_state_dim):
             raise ValueError(f'SmolVLA needs the normalised state [B, {cfg.max_state_dim}]')
         start = self.start_chunk(context, noise, num_steps, workspace, prev_chunk_left_over=prev_chunk_left_over,
-                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc,
+                                 embodiment=embodiment)
         pad, horizon = context[PAD_MASK], cfg.chunk_size
         batch, prefix_len = pad.shape
         self_kv, cross_kv = start.workspace
