@@ -74,17 +74,9 @@ def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
 
 
 def denoise_program(policy: Any) -> Optional[Any]:
-    """What of a loaded family runs the static-workspace loop: the object offering ``workspace_spec``,
-    ``chunk_setup(..., workspace=)`` and ``euler_loop`` (a PolicyFamily declares the three, delegating to its
-    model; a bare model offers them too), or None when the family says its denoise is not capturable
-    (``capturable_denoise`` False: it then runs eagerly)."""
-    if getattr(policy, 'capturable_denoise', True) is False:
-        return None
-    for candidate in (policy, getattr(policy, 'model', None)):
-        if candidate is not None and all(callable(getattr(candidate, name, None))
-                                         for name in ('workspace_spec', 'chunk_setup', 'euler_loop')):
-            return candidate
-    return None
+    """The loaded family (policy/family.py PolicyFamily: ``workspace_spec``, ``chunk_setup(..., workspace=)``,
+    ``euler_loop``) when its capabilities say the loop is capturable, else None (it then runs eagerly)."""
+    return policy if policy.capabilities.capturable_denoise else None
 
 
 # ---- prompt-length buckets ------------------------------------------------------------------------------
@@ -432,16 +424,10 @@ class StaticDenoiser(_GraphRunner):
 
 # ---- the prefix ---------------------------------------------------------------------------------------------
 
-@dataclass
-class PrefixInputs:
-    images: torch.Tensor
-    image_masks: torch.Tensor
-    tokens: torch.Tensor
-    token_masks: torch.Tensor
-
-
 class PrefixGraphs(_GraphRunner):
-    """fill_prefix as one graph per (cameras, bucket, batch); the output is cloned into a fresh context."""
+    """fill_prefix over the family's prefix inputs (PolicyFamily.prefix_inputs: a tuple of tensors), one graph
+    per input signature; the output is cloned into a fresh context. ``graphs`` False (or a family whose
+    capabilities say its prefix is not capturable): the family's fill_prefix, eagerly."""
 
     what = 'prefix'
 
@@ -449,12 +435,10 @@ class PrefixGraphs(_GraphRunner):
                  max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES, capturer: Optional[GraphCapturer] = None) -> None:
         super().__init__(family, graphs, strict, max_graphs, max_graph_bytes, capturer)
 
-    def _fill(self, inputs: PrefixInputs) -> PrefixContext:
-        return self.family.fill_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+    def _fill(self, inputs: Tuple[torch.Tensor, ...]) -> PrefixContext:
+        return self.family.fill_prefix(*inputs)
 
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        inputs = PrefixInputs(images, image_masks, tokens, token_masks)
+    def fill_prefix(self, *inputs: torch.Tensor) -> PrefixContext:
         entry = self.graph_for(tree_signature(inputs), self._fill, inputs) if self.graphs else None
         if entry is None:
             return self._fill(inputs)
