@@ -36,9 +36,11 @@ def warm_up(runtime: 'PolicyRuntime') -> ActionChunk:
         for runner in runners:
             runner.strict = strict
         chunk = runtime.infer(observation, seed=0, use_cache=False)
-        if denoiser is not None and denoiser.graphs:
+        modes = runtime.policy.capabilities.rtc_modes
+        if denoiser is not None and denoiser.graphs and modes:
+            # the family's first RTC mode (guided where it has it, the mode the node's rtc_mode defaults to)
             runtime.infer(observation, seed=0, use_cache=False, prev_chunk_left_over=np.zeros((1, 1)),
-                          inference_delay=0, rtc=RTCSettings())
+                          inference_delay=0, rtc=RTCSettings(mode=modes[0]))
     finally:
         for runner in runners:
             runner.strict = False
