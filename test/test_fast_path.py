@@ -12,7 +12,7 @@ from vla_policy_node.fast_path import (CapturedGraph, EntryToken, FastPathError,
                                        StaticDenoiser, check_buckets, fit_to_bucket, prompt_bucket,
                                        resolve_cuda_graphs, tree_copy_, tree_nbytes)
 from vla_policy_node.params import problems, resolve_values
-from vla_policy_node.policy.families.pi0.config import preset
+from vla_policy_node.policy.families import family_class
 from vla_policy_node.policy.families.pi0.model import PiZeroModel
 from vla_policy_node.policy.rtc import RTCSettings
 from vla_policy_node.policy.tiny_default import write_tiny_default
@@ -22,8 +22,8 @@ PROMPT = 12
 
 
 def tiny_model(policy_type: str) -> PiZeroModel:
-    config = preset('tiny', policy_type=policy_type, tokenizer_max_length=PROMPT, chunk_size=6, n_action_steps=6,
-                    rtc_training_max_delay=3)
+    config = family_class(policy_type).tiny_config(tokenizer_max_length=PROMPT, chunk_size=6, n_action_steps=6,
+                                                   rtc_training_max_delay=3)
     model = PiZeroModel(config).eval()
     generator = torch.Generator().manual_seed(11)
     with torch.no_grad():

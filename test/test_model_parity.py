@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip('transformers')
 
-from vla_policy_node.policy.families.pi0.config import preset  # noqa: E402
+from vla_policy_node.policy.families import family_class  # noqa: E402
 from vla_policy_node.policy.gemma import GemmaSize  # noqa: E402
 from vla_policy_node.policy.siglip import VisionSize  # noqa: E402
 from vla_policy_node.policy.gemma import GemmaStack  # noqa: E402
@@ -329,7 +329,7 @@ def ref_sample_actions(model, images, image_masks, tokens, token_masks, state, n
 
 @pytest.fixture(params=['pi0', 'pi05'])
 def tiny_model(request):
-    config = preset('tiny', policy_type=request.param, tokenizer_max_length=12, chunk_size=6, n_action_steps=6)
+    config = family_class(request.param).tiny_config(tokenizer_max_length=12, chunk_size=6, n_action_steps=6)
     torch.manual_seed(0)
     model = PiZeroModel(config).eval()
     randomize_(model, seed=11, scale=0.15)
@@ -430,8 +430,9 @@ def summed_bf16_errors(policy_type: str, randomize, variant_name: str, variant) 
     """|bf16 - fp32| of the actions, (max, mean) summed over BF16_MODELS deep models initialised by
     ``randomize(model, seed)``: 'ours', 'recipe' (ref_sample_actions on the bf16-cast model) and ``variant_name``
     (ours inside the context manager ``variant()``)."""
-    config = dataclasses.replace(preset('tiny', policy_type=policy_type, tokenizer_max_length=12, chunk_size=6,
-                                        n_action_steps=6), language=BF16_LANGUAGE, expert=BF16_EXPERT)
+    config = dataclasses.replace(family_class(policy_type).tiny_config(tokenizer_max_length=12, chunk_size=6,
+                                                                       n_action_steps=6),
+                                 language=BF16_LANGUAGE, expert=BF16_EXPERT)
     errors = {name: torch.zeros(2, dtype=torch.float64) for name in ('ours', variant_name, 'recipe')}
     for seed in range(BF16_MODELS):
         torch.manual_seed(0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from runtime_fixtures import make_observation, tiny_checkpoint, tiny_checkpoints  # noqa: F401
-from vla_policy_node.policy.families.pi0.config import preset
+from vla_policy_node.policy.families import family_class
 from vla_policy_node.policy.rtc import RTCSettings, guidance_weight, prefix_weights
 from vla_policy_node.policy.tiny_default import random_model
 from vla_policy_node.runtime import PolicyRuntime
@@ -68,7 +68,7 @@ def inputs_for(model, seed=0):
 
 @pytest.fixture(scope='module', params=['pi0', 'pi05'])
 def model_and_context(request):
-    model = random_model(preset('tiny', policy_type=request.param), seed=3)
+    model = random_model(family_class(request.param).tiny_config(), seed=3)
     return (model,) + inputs_for(model)
 
 
@@ -114,7 +114,7 @@ def test_guided_chunks_continue_the_leftover_over_many_steps(model_and_context):
 
 
 def trained_model(policy_type):
-    config = dataclasses.replace(preset('tiny', policy_type=policy_type), rtc_training_max_delay=4)
+    config = dataclasses.replace(family_class(policy_type).tiny_config(), rtc_training_max_delay=4)
     return random_model(config, seed=3)
 
 
