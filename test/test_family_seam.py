@@ -201,6 +201,9 @@ class CrossFamily(PolicyFamily):
     def embodiment_id(self) -> Optional[int]:
         return int(self.options['embodiment'])
 
+    def normalize_state(self, raw_state):                      # GR00T's min/max with clip_outliers
+        return np.clip(self.state_normalizer.normalize(raw_state), -1.0, 1.0)
+
     def postprocess(self, actions, raw_state):                 # GR00T's decode: cut, clip, inverse min/max
         return self.action_normalizer.unnormalize(np.clip(actions[:, :self.config.action_dim], -1.0, 1.0))
 
@@ -282,8 +285,44 @@ def test_the_family_decodes_its_actions_and_continues_chunks_its_own_way():
     assert (chunk.actions >= low).all() and (chunk.actions <= high).all()           # its clip, then min/max
     assert (np.abs(chunk.normalized) > 1).any(), 'the clip must be needed for this check to bite'
     assert np.allclose(chunk.actions, (np.clip(chunk.normalized, -1, 1) + 1) / 2 * (high - low) + low)
+    far = plain.infer(observation(1, state=(90.0, 5.0)), seed=0)
+    assert np.array_equal(far.actions, plain.infer(observation(1, state=(2.0, 5.0)), seed=0).actions)   # its clip
     leftover = np.array([[0.5, 5.0], [1.0, 6.0], [-1.0, 2.0]])
     continued = plain.infer(observation(1), seed=0, prev_actions=leftover, inference_delay=2, rtc=RTCSettings())
     assert np.allclose(continued.actions[:2], leftover[:2], atol=1e-5)             # frozen rows: inpainted
     with pytest.raises(ObservationError, match='"trained" is not one'):
         plain.infer(observation(1), seed=0, prev_actions=leftover, rtc=RTCSettings(mode='trained'))
+
+
+@pytest.mark.parametrize('kind', ['pi0', 'pi05', 'smolvla'])
+def test_robots_contexts_of_different_lengths_denoise_as_one_batch(kind):
+    """What a batching server would do with the contexts of several robots: stack them (each token sequence
+    right-padded with masked zeros) and denoise once; each row is that robot's own chunk up to fp32 rounding
+    (masked padding is invisible, as a prompt bucket's is)."""
+    from vla_policy_node.cache import stack_contexts
+    from vla_policy_node.policy.families import family_class
+    family = family_class(kind)
+    config = family.tiny_config()
+    model = family.model_class(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    contexts = []
+    cameras, (height, width) = len(config.all_camera_names), config.image_resolution
+    for length, valid in ((config.tokenizer_max_length, 5), (config.tokenizer_max_length - 3, 4)):
+        image_masks = torch.tensor([[True] * (cameras - 1) + [False]])
+        tokens = torch.randint(3, 100, (1, length), generator=generator)
+        contexts.append(model.fill_prefix(torch.rand(1, cameras, 3, height, width, generator=generator) * 2 - 1,
+                                          image_masks, tokens, torch.arange(length)[None] < valid))
+    both = stack_contexts(contexts)
+    assert both.batch_size == 2 and both.prefix_len == contexts[0].prefix_len > contexts[1].prefix_len
+    state = torch.randn(2, config.max_state_dim, generator=generator)
+    noise = torch.randn(2, config.chunk_size, config.max_action_dim, generator=generator)
+    leftover = dict(prev_chunk_left_over=torch.randn(3, config.action_dim, generator=generator), inference_delay=1,
+                    rtc=RTCSettings())
+    for extra in ({}, leftover):
+        batched = model.denoise(both, state, noise, 3, **extra)
+        alone = torch.cat([model.denoise(context, state[i:i + 1], noise[i:i + 1], 3, **extra)
+                           for i, context in enumerate(contexts)])
+        assert (batched - noise).abs().max() > 0.1 and (batched - alone).abs().max() < 1e-5

@@ -105,6 +105,12 @@ class PrefixContext(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self._tensors)
 
+    # A context is one entry: equal only to itself (a Mapping would compare tensors elementwise), hashable.
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         shapes = ', '.join(f'{name}={list(tensor.shape)}' for name, tensor in self._tensors.items())
         return f'PrefixContext(batch_size={self._batch_size}, prefix_len={self._prefix_len}, {shapes})'

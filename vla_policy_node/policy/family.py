@@ -79,7 +79,7 @@ def required_class_attributes(cls: type) -> FrozenSet[str]:
 class DeclaredInterface:
     """Mixin of the three bases: a concrete subclass that leaves an abstract member or a required class
     attribute unset is a TypeError when its class statement runs (lerobot's ``PreTrainedPolicy.__init_subclass__``
-    does the same for its class attributes: ``src/lerobot/policies/pretrained.py``)."""
+    does the same for its class attributes: ``src/lerobot/policies/pretrained.py`` at 7427f318)."""
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -557,18 +557,22 @@ class PolicyFamily(DeclaredInterface, ABC, abstract=True):
     # ---- device ------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """The model's device (where prefix inputs, noise and state rows go)."""
         return self.model.device
 
     @property
     def compute_dtype(self) -> torch.dtype:
+        """The model's compute dtype (part of the cache key; the bytes of a cache entry)."""
         return self.model.compute_dtype
 
     # ---- pre-processing: the prompt (the cache key) and the prefix inputs (a miss) -------------------------
     @abstractmethod
     def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """(ids int64 [L], mask bool [L]) as lerobot's pre-processor makes them, right-padded (the runtime fits
-        them to a prompt bucket by dropping masked padding): with the frames' bytes and
-        ``processor_identity`` they are the cache key, so they say everything the prompt depends on."""
+        """(ids int64 [L], mask bool [L]) as lerobot's pre-processor makes them, L <= tokenizer_max_length,
+        right-padded if padded at all (the runtime fits them to a prompt bucket by dropping masked padding):
+        with the frames' bytes and ``processor_identity`` they are the cache key, so they say everything the
+        prompt depends on (a prompt whose image tokens follow the frames' size: the size is in the frames'
+        key already)."""
 
     @abstractmethod
     def prefix_inputs(self, frames: Frames, tokens: np.ndarray, token_mask: np.ndarray) -> PrefixInputs:
@@ -610,6 +614,11 @@ class PolicyFamily(DeclaredInterface, ABC, abstract=True):
         chunk_setup's keywords -> actions in the model's space [B, H, max_action_dim] fp32. ``context`` is never
         written. ``chunk_setup`` (everything fixed for the chunk) then ``euler_loop`` (the per-step loop)."""
         return self.euler_loop(self.chunk_setup(context, state, noise, num_steps, **continuation))
+
+    def normalize_state(self, raw_state: np.ndarray) -> np.ndarray:
+        """The robot's raw state [state_dim] -> the model's [state_dim] (what ``prompt_tokens`` and the denoise's
+        state row get). Default: the checkpoint's state statistics (lerobot's NormalizerProcessorStep)."""
+        return self.state_normalizer.normalize(raw_state)
 
     # ---- post-processing: the model's action space <-> the robot's units ------------------------------------
     @cached_property

@@ -207,7 +207,7 @@ class PolicyRuntime:
         """Check the content, normalise the state and tokenise (the prompt fitted to its bucket)."""
         slots = camera_slots(observation.images, self.config.all_camera_names, max_image_pixels)
         raw_state = checked_state(observation.state, self.config.state_dim)
-        normalized = self.state_normalizer.normalize(raw_state)
+        normalized = self.policy.normalize_state(raw_state)
         instruction = checked_instruction(observation.instruction, max_instruction_length)
         tokens, token_mask = self.policy.prompt_tokens(instruction, normalized)
         tokens, token_mask = fit_to_bucket(tokens, token_mask, self.prompt_buckets)
