@@ -58,9 +58,8 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -247,7 +246,8 @@ class FakeStream:
         self.device = torch.device('cuda', self.device_index)
         self.default = default
         self.stream_id = 0 if default else next(self._ids)
-        standin.record('stream', self.device_index)
+        if not default:
+            standin.record('stream', self.device_index)
 
     def wait_stream(self, other: 'FakeStream') -> None:
         pass
@@ -432,9 +432,6 @@ class CaptureStandIn:
         for (owner, name), fake in fakes.items():
             self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
             setattr(owner, name, fake)
-        from vla_policy_node import fast_path
-        self._saved.append((fast_path, 'CAPTURE_DEVICE_TYPES', fast_path.CAPTURE_DEVICE_TYPES))
-        fast_path.CAPTURE_DEVICE_TYPES = graph_capture.CAPTURE_DEVICE_TYPES
         return self
 
     def __exit__(self, *exc) -> None:
@@ -602,16 +599,3 @@ class CaptureStandIn:
 
 _MISSING = object()
 _HANDLES = itertools.count(1)              # pool ids, unique across stand-ins (a graph may outlive its test)
-
-
-def replay_checked(fn: Callable[[Any], Any], inputs: Any) -> Tuple[Any, Set[str]]:
-    """Capture ``fn(inputs)`` through graph_capture.GraphCapturer under an installed stand-in and replay it once:
-    (the graph's output after the replay, the violations met). A helper for tests of single functions."""
-    capturer = graph_capture.GraphCapturer(torch.device(HOST))
-    captured = capturer.capture(fn, inputs)
-    captured.graph.replay()
-    return captured.output, set(_standin().violations)
-
-
-def as_numpy(value: Any) -> np.ndarray:
-    return value.detach().float().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)

@@ -56,7 +56,8 @@ import numpy as np
 import torch
 
 from .cache.context import PrefixContext
-from .graph_capture import CAPTURE_DEVICE_TYPES, CapturedGraph, GraphCapturer, failure_reason
+from . import graph_capture
+from .graph_capture import CapturedGraph, GraphCapturer, failure_reason
 
 LOG = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
     """'auto': graphs on a CUDA device; 'on': required (refused without CUDA); 'off': never."""
     if mode not in CUDA_GRAPH_MODES:
         raise ValueError(f'cuda_graphs must be one of {CUDA_GRAPH_MODES}, got {mode!r}')
-    capturable = device.type in CAPTURE_DEVICE_TYPES
+    capturable = device.type in graph_capture.CAPTURE_DEVICE_TYPES
     if mode == 'on' and not capturable:
         raise FastPathError(f'cuda_graphs is "on", but the policy runs on {device.type}: CUDA graphs need a CUDA '
                             'device. Use cuda_graphs "auto" (graphs only where CUDA is) or "off".')
