@@ -6,7 +6,8 @@ sequence of its own length and mask), not per-layer K/V; it turns raw frames and
 prefix inputs (patches, not [B, N, 3, H, W] images); per-embodiment state weights chosen by an embodiment id;
 time running 0 -> 1 with its own real-time chunking (the leftover inpainted, its rows frozen by a velocity
 mask); and its own action decode (clip, inverse min/max, cut). Through PolicyRuntime, the prefix cache, the
-static workspace and the stand-in graph capture, unchanged: hit == miss and fast == eager, bit for bit.
+static workspace and the strict capture stand-in (test/capture_standin.py: the warm-up captures its prefix and
+denoise as on a GPU), unchanged: hit == miss and graphs == eager, bit for bit.
 """
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Tuple
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime_fixtures import rgb_image
-from test_fast_path import ReplayByRerun
+from capture_standin import CaptureStandIn
 from vla_policy_node.cache import MASK_AXES, PREFIX, ContextAxes, PrefixContext
 from vla_policy_node.observation import Observation, ObservationError
 from vla_policy_node.policy.family import FamilyCapabilities, PolicyFamily, PolicyLevelConfig, PolicyModel
@@ -126,7 +127,8 @@ class CrossModel(PolicyModel):
         rows = min(len(prev_chunk_left_over), horizon)
         target = torch.zeros_like(noise)
         target[:, :rows, :prev_chunk_left_over.shape[-1]] = prev_chunk_left_over[:rows]
-        frozen = (torch.arange(horizon) < min(inference_delay, rows))[None, :, None].expand(batch, -1, 1)
+        frozen = (torch.arange(horizon, device=noise.device) < min(inference_delay, rows))[None, :, None]
+        frozen = frozen.expand(batch, -1, 1)
         return Inpainting(target, frozen, (~frozen).float())
 
     @torch.no_grad()
@@ -178,9 +180,11 @@ class CrossFamily(PolicyFamily):
         return cls(config, CrossModel(config).eval(), FeatureNormalizer('state', 'MIN_MAX', stats),
                    FeatureNormalizer('action', 'MIN_MAX', stats), WordTokenizer(), 'unused', embodiment=embodiment)
 
-    def prompt_tokens(self, instruction, normalized_state):
-        ids = np.array([sum(map(ord, word)) % 15 + 1 for word in instruction.split()][:6], dtype=np.int64)
-        return ids, np.ones(len(ids), dtype=bool)                # its own length: no padding
+    def prompt_tokens(self, instruction, normalized_state):     # right-padded: one prompt bucket, one graph
+        words = [sum(map(ord, word)) % 15 + 1 for word in instruction.split()][:self.config.tokenizer_max_length]
+        ids, mask = np.zeros(self.config.tokenizer_max_length, dtype=np.int64), np.zeros(6, dtype=bool)
+        ids[:len(words)], mask[:len(words)] = words, True
+        return ids, mask
 
     def prefix_inputs(self, frames, tokens, token_mask):
         patches, masks = [], []
@@ -221,16 +225,17 @@ def observation(seed: int, state=(0.5, 5.0), instruction: str = 'pick the red cu
     return Observation(images=images, state=np.array(state), instruction=instruction)
 
 
-def runtimes(**options):
-    plain = PolicyRuntime(CrossFamily.build(**options), 'rev')
-    fast = PolicyRuntime(CrossFamily.build(**options), 'rev', static_workspace=True)
-    for runner in (fast._fast, fast._prefix_graphs):              # the denoise and the prefix, both captured
-        runner.graphs, runner.capturer = True, ReplayByRerun()
-    return plain, fast
+def test_a_feature_context_runs_through_the_cache_and_the_captured_fast_path_bit_for_bit():
+    plain = PolicyRuntime(CrossFamily.build(), 'rev')
+    with CaptureStandIn() as standin:
+        fast = PolicyRuntime(CrossFamily.build(), 'rev', cuda_graphs='on')
+        fast.warmup()                                  # captures its prefix and each chunking mode's denoise
+        check_a_feature_context_runs_like_the_plain_path(plain, fast)
+    assert standin.captures == 3 and not standin.violations
+    assert fast._fast.replays and not fast._fast.eager_runs and fast._prefix_graphs.replays
 
 
-def test_a_feature_context_runs_through_the_cache_and_the_fast_path_bit_for_bit():
-    plain, fast = runtimes()
+def check_a_feature_context_runs_like_the_plain_path(plain, fast):
     leftover = np.array([[0.5, 5.0], [1.0, 6.0], [-1.0, 2.0]])
     for extra in ({}, dict(prev_actions=leftover, inference_delay=2, rtc=RTCSettings())):
         for runtime in (plain, fast):
@@ -246,14 +251,13 @@ def test_a_feature_context_runs_through_the_cache_and_the_fast_path_bit_for_bit(
             seen.add(name)
         moved = plain.infer(observation(1, state=(-1.0, 2.0)), seed=2, **extra)       # the joints moved: a hit
         assert moved.cache_hit and not np.array_equal(moved.actions, plain.infer(observation(1), seed=2).actions)
-    assert fast._fast.captures and fast._fast.replays and not fast._fast.eager_runs and fast._prefix_graphs.replays
     context = plain.cache.get(plain.prefix_key(observation(3, instruction='open it')))
-    assert context.prefix_len == 2 * 4 + 2 and tuple(context['text_kv'].shape) == (2, 1, 2, 8)
-    assert context.nbytes == 10 * 8 * 4 + 10 + 2 * 2 * 8 * 4 + 2 and plain.cache.stats().entries == 4
+    assert context.prefix_len == 2 * 4 + 6 and tuple(context['text_kv'].shape) == (2, 1, 6, 8)
+    assert context.nbytes == 14 * 8 * 4 + 14 + 2 * 6 * 8 * 4 + 6 and plain.cache.stats().entries == 4
 
 
 def test_the_family_owns_its_raw_frames_prompt_and_key():
-    plain, _ = runtimes()
+    plain = PolicyRuntime(CrossFamily.build(), 'rev')
     seen = []
     inner = plain.policy.prefix_inputs
     plain.policy.prefix_inputs = lambda frames, ids, mask: seen.append((frames, ids)) or inner(frames, ids, mask)
@@ -261,7 +265,7 @@ def test_the_family_owns_its_raw_frames_prompt_and_key():
     (frames, ids), = seen
     assert [name for name, _ in frames] == ['front', 'wrist'] and frames[1][1] is None
     assert frames[0][1].dtype == np.uint8 and frames[0][1].shape == (12, 20, 3)       # the raw frame, decoded
-    assert len(ids) == 4                                                              # its own prompt length
+    assert len(ids) == 6 and ids[4:].tolist() == [0, 0]                              # its own prompt
     family = CrossFamily.build()
     family.processor_identity = lambda: 'bicubic:8x8'
     other = PolicyRuntime(family, 'rev')
@@ -278,7 +282,7 @@ def test_the_embodiment_reaches_the_action_side():
 
 
 def test_the_family_decodes_its_actions_and_continues_chunks_its_own_way():
-    plain, _ = runtimes()
+    plain = PolicyRuntime(CrossFamily.build(), 'rev')
     chunk = plain.infer(observation(1), seed=0)
     assert chunk.actions.shape == (5, 2) and chunk.normalized.shape == (5, 2)
     low, high = np.array([-2.0, 0.0]), np.array([2.0, 10.0])

@@ -109,13 +109,16 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               '2025-10-02 (#1910) to 2026-03-05 (#2964). Set it only for checkpoints fine-tuned with lerobot '
               'releases between those dates; false: the unpadded state of current lerobot and openpi.',
               read_only=True, family_option=True),
-    ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one.',
+    ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one. '
+              'With cuda_graphs auto or on it always runs: that is where the graphs are captured.',
               read_only=True),
     ParamSpec('cuda_graphs', 'off', 'string',
               'CUDA graphs for the denoise loop (all steps in one graph, over a static K/V workspace) and the '
-              'prefix: auto (on a CUDA device, eager where a capture fails), on (a capture failure in the '
-              'configure warm-up, or a device without CUDA, fails configure), off (eager). Default off until '
-              'measured on a GPU.',
+              'prefix, captured in the configure warm-up for every prompt bucket and chunking mode at num_steps '
+              '(a tick never captures; a shape without a graph runs eagerly, counted in /diagnostics '
+              'eager_fallback_reasons): auto (on a CUDA device, eager where a capture fails, logged once), on (a '
+              'capture failure in the warm-up, or a device without CUDA, fails configure), off (eager). Default '
+              'off until measured on a GPU. docs/gpu.md.',
               read_only=True, choices=('auto', 'on', 'off')),
     ParamSpec('quantization', 'none', 'string',
               'Weights of the transformer blocks (and the token table): none; int8_weights (per-channel int8, '

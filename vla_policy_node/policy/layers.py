@@ -316,7 +316,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean "may attend" [B, 1, S, T] -> additive float mask."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zero, torch.tensor(ATTENTION_MASK_VALUE, dtype=dtype, device=allowed.device))
+    # a fill, not torch.tensor(python float): that is a host-to-device copy, illegal inside a CUDA graph capture
+    return torch.where(allowed, zero, torch.full((), ATTENTION_MASK_VALUE, dtype=dtype, device=allowed.device))
 
 
 def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:

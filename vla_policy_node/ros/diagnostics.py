@@ -106,6 +106,10 @@ def _level_and_message(report: PolicyReport) -> Tuple[bytes, str]:
     if report.new_skips:
         return DiagnosticStatus.WARN, (f'{report.lifecycle}; {report.new_skips} tick(s) skipped, '
                                        f'last: {report.stats.last_skip}')
+    failed = int(report.info.get('graph_capture_failures', 0)) + int(report.info.get('prefix_capture_failures', 0))
+    if failed:       # cuda_graphs auto: those shapes run eagerly (runtime/report.py figures say why)
+        return DiagnosticStatus.WARN, (f'{report.lifecycle}; {failed} CUDA graph capture(s) failed, those shapes '
+                                       'run eagerly (see eager_fallback_reasons)')
     return DiagnosticStatus.OK, report.lifecycle
 
 

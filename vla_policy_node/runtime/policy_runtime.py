@@ -31,8 +31,8 @@ import torch
 from ..cache import PrefixCache, PrefixContext, PrefixKeyBuilder
 from ..cache.key import weights_digest
 from ..fast_path import (DEFAULT_MAX_GRAPH_BYTES, DEFAULT_MAX_GRAPHS, EntryToken, FastPathError, Generations,
-                         PrefixGraphs, StaticDenoiser, check_buckets, denoise_program, fit_to_bucket,
-                         resolve_cuda_graphs)
+                         PrefixGraphs, StaticDenoiser, build_fast_path, check_buckets, denoise_program,
+                         fit_to_bucket, resolve_cuda_graphs)
 from ..images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_frame
 from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from ..observation_checks import CameraInput, camera_slots, checked_instruction, checked_state
@@ -100,8 +100,10 @@ class PolicyRuntime:
         the graphs replay; implied by graphs); ``prompt_buckets`` pads the prompt to the smallest bucket that
         holds it (default: one bucket at tokenizer_max_length); ``compile_denoise`` wraps the loop in
         torch.compile (off by default: Jetson wheels have no Triton); ``max_graphs`` / ``max_graph_bytes``
-        bound the graph cache. ``quantization`` none | int8_weights | fp8 quantizes the model's weights in place
-        (policy/quant.py; QuantizationError where the device cannot run the mode)."""
+        bound the graphs (count; bytes of their pools, static inputs and the workspaces). ``warmup()``
+        captures them; a shape it did not capture runs eagerly. ``quantization`` none | int8_weights | fp8
+        quantizes the model's weights in place (policy/quant.py; QuantizationError where the device cannot run
+        the mode)."""
         self.policy, self.model, self.config = policy, policy.model, policy.config
         self.device, self.dtype = policy.device, policy.compute_dtype
         self.quantization = quantization
@@ -128,12 +130,10 @@ class PolicyRuntime:
             raise FastPathError(f'cuda_graphs is "on", but the {self.config.policy_type} family offers no '
                                 'capturable denoise (chunk_setup with a workspace + euler_loop)')
         if program is not None and (graphs or static_workspace or compile_denoise):
-            # strict (a capture failure raises) only during warmup(), under cuda_graphs: on
-            self._fast = StaticDenoiser(program, family_name=self.config.policy_type, graphs=graphs,
-                                        max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
-                                        compile_loop=compile_denoise)
-            self._prefix_graphs = PrefixGraphs(policy, graphs=graphs and policy.capabilities.capturable_prefix,
-                                               max_graph_bytes=max_graph_bytes)
+            self._fast, self._prefix_graphs = build_fast_path(
+                program, policy, family_name=self.config.policy_type, graphs=graphs, device=self.device,
+                max_graphs=max_graphs, max_graph_bytes=max_graph_bytes, compile_loop=compile_denoise,
+                prefix_graphs=policy.capabilities.capturable_prefix)
 
     @classmethod
     def from_pretrained(cls, path: Union[str, Path], device: str = 'auto', dtype: str = 'auto',
@@ -275,7 +275,8 @@ class PolicyRuntime:
 
     # ---- warm-up and self-description, in warmup.py / report.py (warmup, describe, summary: backends.py) ----
     def warmup(self) -> ActionChunk:
-        """One blank inference outside the cache, capturing the graphs (warmup.py)."""
+        """Blank inferences outside the cache; with graphs, one per prompt bucket and chunking mode, capturing
+        every graph (warmup.py)."""
         return warm_up(self)
 
     def describe(self) -> Dict[str, object]:

@@ -23,12 +23,17 @@ def prefix_bytes(config: Any, dtype: torch.dtype) -> int:
 
 
 def fast_path_summary(runtime: 'PolicyRuntime') -> Dict[str, object]:
-    """The fast path's figures (cuda_graphs mode, prompt buckets, graphs, workspace copies)."""
-    summary: Dict[str, object] = {'cuda_graphs_mode': runtime.cuda_graphs,
-                                  'prompt_buckets': list(runtime.prompt_buckets)}
+    """The fast path's figures (fast_path.py): cuda_graphs mode, prompt buckets, graphs captured, replayed and
+    cached, eager fallbacks with their reasons, workspace copies, and the bytes max_graph_bytes bounds
+    (``fast_path_bytes``: the graphs' pools and static inputs and the workspaces)."""
+    summary: Dict[str, Any] = {'cuda_graphs_mode': runtime.cuda_graphs,
+                               'prompt_buckets': list(runtime.prompt_buckets)}
     for runner in (runtime._fast, runtime._prefix_graphs):
         if runner is not None:
             summary.update(runner.describe())
+    if runtime._fast is not None and runtime._prefix_graphs is not None:
+        summary['fast_path_bytes'] = (summary['graph_bytes'] + summary['workspace_bytes']
+                                      + summary['prefix_graph_bytes'])
     return summary
 
 

@@ -151,7 +151,7 @@ class SmolVLAModel(PolicyModel):
         vlm = self._vlm
         patches = vlm.vision_model(images.flatten(0, 1).float(), torch.float32)     # [B*N, patches, W_vis]
         tokens = vlm.connector(patches)                                             # [B*N, T, W_text] fp32
-        tokens = tokens * torch.tensor(tokens.shape[-1] ** 0.5, dtype=tokens.dtype, device=tokens.device)
+        tokens = tokens * torch.full((), tokens.shape[-1] ** 0.5, dtype=tokens.dtype, device=tokens.device)
         return tokens.reshape(batch, cameras * tokens.shape[1], -1)
 
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
