@@ -1,24 +1,20 @@
 """The warm-up: one inference before the first real tick, so that tick is not the slow one."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..observation import Observation
 from ..policy.rtc import RTCSettings
 from .chunk import ActionChunk
-
-if TYPE_CHECKING:
-    from .policy_runtime import PolicyRuntime
+from .view import RuntimeView
 
 
-def neutral_state(runtime: 'PolicyRuntime') -> np.ndarray:
+def neutral_state(runtime: RuntimeView) -> np.ndarray:
     """A state that normalises to zero."""
     return runtime.state_normalizer.unnormalize(np.zeros(runtime.config.state_dim, dtype=np.float32))
 
 
-def warm_up(runtime: 'PolicyRuntime') -> ActionChunk:
+def warm_up(runtime: RuntimeView) -> ActionChunk:
     """One inference on a blank observation, outside the cache.
 
     With CUDA graphs this captures the prefix graph and the plain and guided-RTC denoise graphs; under
