@@ -44,6 +44,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                  'vla_policy_node.outputs', 'vla_policy_node.tick')),
     ('parameters', ('vla_policy_node.params',)),
     ('configure', ('vla_policy_node.settings', 'vla_policy_node.remote_settings')),
+    ('bags', ('vla_policy_node.bags', 'vla_policy_node.bags.*')),
     ('applications', ('vla_policy_node.ros', 'vla_policy_node.ros.*', 'vla_policy_node.replay',
                       'vla_policy_node.replay.*', 'vla_policy_node.dataset', 'vla_policy_node.dataset.*',
                       'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo')),
@@ -187,6 +188,30 @@ def cross_family_imports(graph: Dict[str, Set[str]]) -> List[str]:
 def test_the_import_graph_has_no_cycle():
     found = cycles(import_graph(annotations=True))
     assert not found, 'import cycles: ' + '; '.join(' <-> '.join(group) for group in found)
+
+
+def folder_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """The import graph between the package's folders (a module outside a folder stands for itself): an
+    edge where any module of one imports any module of the other."""
+    def folder(module: str) -> str:
+        parts = module.split('.')
+        return '.'.join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS) else module
+
+    folders: Dict[str, Set[str]] = {}
+    for module, targets in graph.items():
+        mine = folder(module)
+        folders.setdefault(mine, set()).update(folder(t) for t in targets if folder(t) != mine)
+    return folders
+
+
+FOLDERS = {path.name for path in PACKAGE.iterdir() if (path / '__init__.py').is_file()}
+
+
+def test_the_folders_lean_one_way():
+    """Two folders never import each other, at any depth (the replay imports the dataset reader, so the
+    converter takes the bag I/O and the bag-time ticks from bags/, below both)."""
+    found = cycles(folder_graph(import_graph(annotations=True)))
+    assert not found, 'folders that import each other: ' + '; '.join(' <-> '.join(group) for group in found)
 
 
 def test_no_import_runs_up_a_layer():

@@ -261,7 +261,7 @@ def test_outputs_page_shows_the_shipped_demo_outputs_file():
 def test_outputs_page_replay_command_feeds_both_controllers(tmp_path):
     pytest.importorskip('rclpy')
     from dds_helpers import check_jtc
-    from vla_policy_node.replay.bag_io import read_messages
+    from vla_policy_node.bags.bag_io import read_messages
     from vla_policy_node.replay.make_bag import write_sample_bag
     from vla_policy_node.train_demo import DEMO_BAG_SPEC
 

@@ -28,13 +28,12 @@ from ..params import load_params_file, resolve_values, validate
 from ..safety import PlanKind, Review
 from ..settings import Configured, configure
 from ..tick import TickEngine, TickOutcome
-from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
-from .bag_time import Due, on_bag_time, replayed_topics
+from ..bags.bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
+from ..bags.bag_time import DEFAULT_COMMAND_TOPIC, Due, on_bag_time, replayed_topics
 from .report import ReplayResult, TickRecord, write_report
 from .rosbags_msgs import output_message
 
 NS_PER_SEC = 1_000_000_000
-DEFAULT_COMMAND_TOPIC = '/joint_command'
 
 
 class ReplayError(RuntimeError):
