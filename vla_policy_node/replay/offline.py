@@ -155,7 +155,7 @@ class OfflineReplay:
                               recorded_positions=np.asarray(recorded[1]).reshape(-1, len(names)),
                               command_times_ns=np.asarray(command[0], dtype=np.int64),
                               command_positions=np.asarray(command[1]).reshape(-1, len(names)), summary={},
-                              command_spans=spans)
+                              command_spans=spans, outputs=self.outputs)
         result.summary = write_report(result, self.engine.stats, self.runtime, bag=source, values=self.values,
                                       command_topic=command_topic, latency_ms=self.latency_ns / 1e6,
                                       supervisor=self.engine.supervisor, source=described)
