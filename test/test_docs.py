@@ -207,7 +207,7 @@ def _options(words: List[str]) -> List[str]:
 def test_documented_commands_use_options_that_exist():
     scripts = console_scripts()
     makefile = (ROOT / 'Makefile').read_text()
-    targets = set(re.findall(r'^([a-z]+):', makefile, re.M))
+    targets = set(re.findall(r'^([a-z][a-z0-9-]*):', makefile, re.M))
     variables = set(re.findall(r'^([A-Z_]+) \?=', makefile, re.M))
     launch_file = (ROOT / 'launch' / 'vla_policy.launch.py').read_text()
     launch_args = set(re.findall(r"DeclareLaunchArgument\(\s*'(\w+)'", launch_file))
