@@ -15,7 +15,7 @@ import dataset_reading as dr  # noqa: E402
 from vla_policy_node.dataset import DatasetError  # noqa: E402
 from vla_policy_node.dataset.convert import convert, main as convert_main  # noqa: E402
 from vla_policy_node.bags.bag_io import (BagError, BagWriter, bag_topics, get_kilted_typestore,  # noqa: E402
-                                           read_messages)
+                                         read_messages)
 from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag  # noqa: E402
 from vla_policy_node.replay.offline import replay  # noqa: E402
 
