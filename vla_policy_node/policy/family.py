@@ -316,7 +316,8 @@ class PolicyFamily(ABC):
     # so the fast path can run it in its static workspace and capture the loop (fast_path.denoise_program).
     # A family whose denoise is something else overrides ``denoise`` and sets False: it then runs eagerly.
     capturable_denoise: ClassVar[bool] = True
-    # The named configurations ``preset`` builds (benchmarks); names are unique across the registry.
+    # The named configurations ``preset`` builds (benchmarks); names are unique across the registry. Smallest
+    # first, the real shape last (bench/quant_accuracy.py measures the one or the other).
     preset_names: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, config: Any, model: PolicyModel, state_normalizer: FeatureNormalizer,
