@@ -5,15 +5,22 @@ misses and hits, step counts, seeds, guided and trained RTC leftovers, robots se
 requests that fail alone; remote/batching.py's queue (batches close when full or when the window ends, the
 bound refuses as busy); and vla_policy_serve's answers over real WebSockets, each connection its own.
 """
+import asyncio
+import threading
+
 import numpy as np
 import pytest
+import websockets.sync.client as sync_client
 
 from vla_policy_node.observation import Observation, ObservationError
 from vla_policy_node.policy.families import family_class, known_types
 from vla_policy_node.policy.rtc import RTCSettings
 from vla_policy_node.policy.tiny_default import write_random_checkpoint
+from vla_policy_node.remote.batching import BatchingQueue, QueueFull
+from vla_policy_node.remote.server import PolicyServer
 from vla_policy_node.runtime import PolicyRuntime
 from vla_policy_node.runtime.batch import infer_batch
+from vla_policy_node.wire import codec
 
 TOLERANCE = 1e-5        # fp32: a batched matrix product sums in another order than a single one
 
@@ -118,3 +125,127 @@ def test_a_bad_request_fails_alone_with_its_own_error(checkpoint):
     for index, (obs, options) in zip((0, 2, 4), good):
         np.testing.assert_allclose(chunks[index].actions, alone.infer(obs, **options).actions, rtol=0,
                                    atol=TOLERANCE)
+
+
+# ---- the queue -----------------------------------------------------------------------------------------------
+
+def run_queue(queue, items, gate=None):
+    async def main():
+        tasks = [asyncio.ensure_future(queue.submit(item)) for item in items]
+        await asyncio.sleep(0)
+        if gate is not None:
+            await asyncio.sleep(0.2)
+            gate.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        return asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        queue.close()
+
+
+def test_the_queue_closes_a_batch_when_full_and_answers_each_request_its_own_row():
+    batches = []
+
+    def run_batch(items):
+        batches.append(list(items))
+        return [item * 10 for item in items]
+
+    # No window: the requests already waiting when the worker is free make the batch, up to max_batch.
+    queue = BatchingQueue(run_batch, max_batch=3, window_sec=0.0, max_queue=16)
+    assert run_queue(queue, list(range(7))) == [item * 10 for item in range(7)]
+    assert [len(batch) for batch in batches] == [3, 3, 1]
+    batches.clear()
+    # A window far longer than the test's timeout: only being full closes this batch.
+    queue = BatchingQueue(run_batch, max_batch=2, window_sec=300.0, max_queue=16)
+    assert run_queue(queue, [5, 6]) == [50, 60] and batches == [[5, 6]]
+
+
+def test_the_queue_bound_refuses_as_busy_and_a_failed_batch_fails_each_request():
+    gate = threading.Event()
+
+    def slow(items):
+        gate.wait(30)
+        return list(items)
+
+    queue = BatchingQueue(slow, max_batch=2, window_sec=0.0, max_queue=3)
+    outcomes = run_queue(queue, list(range(5)), gate)
+    assert [isinstance(o, QueueFull) for o in outcomes] == [False, False, False, True, True]
+    assert queue.stats.refused_busy == 2 and queue.stats.pending == 0
+
+    def broken(items):
+        raise RuntimeError('the model failed')
+
+    outcomes = run_queue(BatchingQueue(broken, max_batch=4, max_queue=8), [1, 2, 3])
+    assert all(isinstance(o, RuntimeError) and 'the model failed' in str(o) for o in outcomes)
+
+
+# ---- the server: identical frames on two connections -----------------------------------------------------------
+
+class RunningServer:
+    """PolicyServer.run on loopback in a thread."""
+
+    def __init__(self, server):
+        self.server = server
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(30)
+
+    def _run(self):
+        async def main():
+            self._stop = asyncio.Event()
+
+            def ready(port):
+                self.port = port
+                self._ready.set()
+
+            await self.server.run('127.0.0.1', 0, ready, self._stop)
+
+        self._loop.run_until_complete(main())
+
+    def close(self):
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+
+def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_batch(tmp_path):
+    checkpoint = write_random_checkpoint(tmp_path / 'ckpt', family_class(known_types()[0]).tiny_config())
+    alone = load(checkpoint)
+    cfg = alone.config
+    # A window far longer than a round: each batch closes as soon as both robots' requests are in it.
+    server = PolicyServer(load(checkpoint), max_batch=2, batch_window_ms=1000.0, max_queue=8)
+    running = RunningServer(server)
+    message = {'images': frames(cfg.camera_names, 3), 'state': np.full(cfg.state_dim, 0.2), 'prompt': 'pick'}
+    obs = Observation(images=message['images'], state=message['state'], instruction='pick')
+    prev = leftover(cfg, 1, 5)
+    requests = [dict(message, seed=11), dict(message, seed=12, prev_actions=prev, inference_delay=1,
+                                             rtc={'mode': 'guided'})]
+    expected = [alone.infer(obs, seed=11).actions,
+                alone.infer(obs, seed=12, prev_actions=prev, inference_delay=1, rtc=RTCSettings()).actions]
+    replies = [None, None]
+    barrier = threading.Barrier(2)
+
+    def robot(index):
+        with sync_client.connect(f'ws://127.0.0.1:{running.port}/', compression=None, max_size=1 << 26,
+                                 open_timeout=30) as ws:
+            ws.recv(timeout=30)
+            barrier.wait(30)
+            for _ in range(3):
+                ws.send(codec.packb(requests[index]))
+                replies[index] = codec.unpackb(ws.recv(timeout=60), 1 << 26)
+
+    try:
+        threads = [threading.Thread(target=robot, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        running.close()
+    assert server.queue.stats.largest_batch == 2, 'the two robots were never batched together'
+    for reply, own in zip(replies, expected):
+        np.testing.assert_allclose(reply['actions'], own, rtol=0, atol=TOLERANCE)
+    assert np.abs(replies[0]['actions'] - replies[1]['actions']).max() > 100 * TOLERANCE
