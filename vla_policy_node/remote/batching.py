@@ -56,6 +56,7 @@ class BatchingQueue:
         self.window_sec = float(window_sec)
         self.max_queue = int(max_queue)
         self.stats = BatchStats()
+        self.on_batch: Optional[Callable[[int], None]] = None     # called with each batch's size (metrics)
         self._waiting: Deque[_Waiting] = collections.deque()
         self._arrived: Optional[asyncio.Event] = None
         self._collector: Optional[asyncio.Task] = None
@@ -105,6 +106,8 @@ class BatchingQueue:
             self.stats.batches += 1
             self.stats.requests += len(batch)
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+            if self.on_batch is not None:
+                self.on_batch(len(batch))
             try:
                 outcomes = await loop.run_in_executor(self._worker, self._run_batch, [w.item for w in batch])
                 if len(outcomes) != len(batch):

@@ -154,6 +154,7 @@ class PolicyServer:
         self.served = 0
         self.cache_hits = 0
         self.camera_keys = openpi_camera_keys(runtime.config.camera_names)
+        self.reply_fields: Dict[str, Any] = {}     # added to every actions reply (a fleet replica's name)
 
     @property
     def refused_busy(self) -> int:
@@ -228,7 +229,8 @@ class PolicyServer:
         self.served += 1
         self.cache_hits += int(bool(chunk.cache_hit))
         return codec.packb({'actions': np.asarray(chunk.actions), 'cache_hit': bool(chunk.cache_hit),
-                            'server_timing': {'infer_ms': (time.perf_counter() - start) * 1e3}})
+                            'server_timing': {'infer_ms': (time.perf_counter() - start) * 1e3},
+                            **self.reply_fields})
 
     async def run(self, host: str, port: int, ready: Optional[Any] = None,
                   stop: Optional[asyncio.Event] = None) -> None:
