@@ -44,7 +44,8 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('configure', ('vla_policy_node.settings', 'vla_policy_node.remote_settings')),
     ('applications', ('vla_policy_node.ros', 'vla_policy_node.ros.*', 'vla_policy_node.replay',
                       'vla_policy_node.replay.*', 'vla_policy_node.dataset', 'vla_policy_node.dataset.*',
-                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo')),
+                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo',
+                      'vla_policy_node.fleet', 'vla_policy_node.fleet.*')),
 )
 # A family folder imports another family's modules only where one is built on the other.
 FAMILY_BUILT_ON = {('pi05', 'pi0')}
