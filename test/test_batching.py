@@ -7,6 +7,7 @@ bound refuses as busy); and vla_policy_serve's answers over real WebSockets, eac
 """
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -249,3 +250,50 @@ def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_ba
     for reply, own in zip(replies, expected):
         np.testing.assert_allclose(reply['actions'], own, rtol=0, atol=TOLERANCE)
     assert np.abs(replies[0]['actions'] - replies[1]['actions']).max() > 100 * TOLERANCE
+
+
+class GatedRuntime:
+    """A real runtime whose inference waits for ``gate`` (the queue fills meanwhile)."""
+
+    def __init__(self, runtime):
+        self.runtime, self.config, self.model_revision = runtime, runtime.config, runtime.model_revision
+        self.gate = threading.Event()
+
+    def infer(self, observation, **options):
+        self.gate.wait(60)
+        return self.runtime.infer(observation, **options)
+
+
+def test_a_full_queue_is_a_busy_error_frame_the_node_holds_on(tmp_path):
+    from vla_policy_node.observation import SkipReason
+    from vla_policy_node.params import resolve_values
+    from vla_policy_node.remote_settings import load_remote
+    from vla_policy_node.wire.errors import RemoteError
+
+    checkpoint = write_random_checkpoint(tmp_path / 'ckpt', family_class(known_types()[0]).tiny_config())
+    runtime = GatedRuntime(load(checkpoint))
+    cfg = runtime.config
+    running = RunningServer(PolicyServer(runtime, max_batch=1, max_queue=1))
+    backend = load_remote(resolve_values({
+        'backend': 'remote', 'remote_url': f'ws://127.0.0.1:{running.port}/', 'remote_key_layout': 'cameras',
+        'remote_image_size': 0, 'remote_timeout_sec': 60.0, 'joint_names': [f'joint_{i}' for i in range(1, 7)],
+        'instruction': 'x'}), warn=lambda _: None)
+    other_robot = sync_client.connect(f'ws://127.0.0.1:{running.port}/', compression=None, open_timeout=30)
+    try:
+        other_robot.recv(timeout=30)
+        other_robot.send(codec.packb({'images': frames(cfg.camera_names, 1), 'state': np.zeros(6), 'prompt': 'x'}))
+        deadline = time.monotonic() + 60
+        while running.server.queue.pending < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RemoteError) as held:
+            backend.infer(Observation(frames(cfg.camera_names, 2), np.zeros(6), 'x'), seed=0)
+        runtime.gate.set()
+        other_robot.recv(timeout=60)                    # the queue is free again: the next request is served
+        chunk = backend.infer(Observation(frames(cfg.camera_names, 2), np.zeros(6), 'x'), seed=0)
+    finally:
+        runtime.gate.set()
+        other_robot.close()
+        backend.close()
+        running.close()
+    assert held.value.reason == SkipReason.REMOTE_ERROR and 'busy' in str(held.value)
+    assert chunk.actions.shape == (cfg.chunk_size, 6)

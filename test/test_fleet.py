@@ -98,6 +98,8 @@ def test_the_fleet_speaks_the_wire_and_checks_the_key_at_the_ingress(fleet):
     try:
         assert backend.metadata['server'] == 'vla_policy_serve' and backend.metadata['fleet']['routing'] == 'affinity'
         chunk = backend.infer(observation, seed=3)
+        assert backend.infer(observation, seed=3).cache_hit
+        assert_metrics_exported()            # while the robot is connected
     finally:
         backend.close()
     np.testing.assert_allclose(chunk.actions, expected.actions, rtol=0, atol=TOLERANCE)
@@ -108,6 +110,26 @@ def test_the_fleet_speaks_the_wire_and_checks_the_key_at_the_ingress(fleet):
     finally:
         intruder.close()
     assert refused.value.reason == SkipReason.REMOTE_AUTH
+
+
+def assert_metrics_exported():
+    """The replicas' and the ingress's Ray Serve metrics reach Ray's Prometheus endpoint (on loopback)."""
+    import urllib.request
+
+    import ray
+
+    port = ray.nodes()[0]['MetricsExportPort']
+    wanted = ('ray_vla_fleet_served', 'ray_vla_fleet_cache_hits', 'ray_vla_fleet_batch_size_count',
+              'ray_vla_fleet_replica_healthy', 'ray_vla_fleet_requests_total', 'ray_vla_fleet_connections')
+    seen = set()
+
+    def exported():
+        with urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=30) as response:
+            text = response.read().decode()
+        seen.update(name for name in wanted if re.search(rf'^{name}{{.*}} [1-9]', text, re.MULTILINE))
+        return len(seen) == len(wanted)
+
+    wait_for(exported, 180, f'metrics exported: {sorted(set(wanted) - seen)} missing')
 
 
 class Robot(threading.Thread):
