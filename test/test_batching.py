@@ -162,6 +162,23 @@ def test_the_queue_closes_a_batch_when_full_and_answers_each_request_its_own_row
     assert run_queue(queue, [5, 6]) == [50, 60] and batches == [[5, 6]]
 
 
+def test_a_batch_closes_once_every_client_that_could_send_is_in_it():
+    batches = []
+
+    def run_batch(items):
+        batches.append(list(items))
+        return list(items)
+
+    # A window far longer than the test's timeout: only "every client is in" can close these batches.
+    clients = [1]
+    queue = BatchingQueue(run_batch, max_batch=8, window_sec=300.0, max_queue=16, clients=lambda: clients[0])
+    assert run_queue(queue, [1]) == [1]
+    clients[0] = 3
+    queue = BatchingQueue(run_batch, max_batch=8, window_sec=300.0, max_queue=16, clients=lambda: clients[0])
+    assert run_queue(queue, [2, 3, 4]) == [2, 3, 4]
+    assert batches == [[1], [2, 3, 4]]
+
+
 def test_the_queue_bound_refuses_as_busy_and_a_failed_batch_fails_each_request():
     gate = threading.Event()
 

@@ -22,6 +22,7 @@ from .config import FleetConfig
 
 BATCH_SIZE_BOUNDARIES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
 LATENCY_MS_BOUNDARIES = [5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+RECENT_ROBOT_SEC = 2.0          # a robot heard from this recently may send the next request of a batch
 
 
 class PolicyReplica:
@@ -42,6 +43,10 @@ class PolicyReplica:
         self.server.reply_fields = {'replica': self.name}
         self._metrics = _ReplicaMetrics()
         self.server.queue.on_batch = self._metrics.batch_size.observe
+        # The robots that could join a batch: those heard from lately (the ingress holds their connections, each
+        # with one request in flight at most), so a lone robot never waits out the batch window.
+        self._robots_seen: Dict[str, float] = {}
+        self.server.queue.clients = self._recent_robots
         self._metrics.update(self.server.statistics(), healthy=True)
 
     async def metadata(self) -> Dict[str, Any]:
@@ -49,15 +54,22 @@ class PolicyReplica:
         return self.server.metadata()
 
     async def infer(self, robot: str, frame: Union[bytes, str]) -> Union[bytes, str]:
-        """One robot's request frame -> the reply frame (``robot`` is the router's; the answer never reads it)."""
-        del robot
+        """One robot's request frame -> the reply frame. ``robot`` routes the request (fleet/router.py) and counts
+        the robots a batch may wait for; the answer never reads it."""
         start = time.perf_counter()
+        self._robots_seen[robot] = time.monotonic()
         reply = await self.server.answer(frame)
         outcome = 'actions' if isinstance(reply, bytes) else ('busy' if reply.startswith('error: busy') else 'error')
         self._metrics.requests.inc(tags={'outcome': outcome})
         self._metrics.latency_ms.observe((time.perf_counter() - start) * 1e3)
         self._metrics.update(self.server.statistics(), healthy=True)
         return reply
+
+    def _recent_robots(self) -> int:
+        now = time.monotonic()
+        for robot in [r for r, seen in self._robots_seen.items() if now - seen > RECENT_ROBOT_SEC]:
+            del self._robots_seen[robot]
+        return len(self._robots_seen)
 
     async def statistics(self) -> Dict[str, Any]:
         """Served requests, cache and batch figures of this replica."""

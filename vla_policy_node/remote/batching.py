@@ -2,8 +2,10 @@
 
     submit(item) --> queue (at most max_queue waiting or running; one more: QueueFull)
     collector:  the first waiting request opens a batch; it closes after window_sec from that request's arrival,
-                or as soon as max_batch requests are in it (a request that already waited for the worker
-                longer than the window closes it at once) -> run_batch(items) on the worker thread
+                as soon as max_batch requests are in it, or as soon as every client that could send has a
+                request in it (``clients()``: the wire has one request in flight per connection, so a lone
+                robot never waits for the window); a request that already waited for the worker longer than
+                the window closes it at once -> run_batch(items) on the worker thread
                 -> each request's own outcome to its own caller
 
 ``max_batch`` 1 is the serial server (each request alone, as PolicyRuntime.infer runs it). Each caller awaits
@@ -48,10 +50,14 @@ class BatchingQueue:
 
     def __init__(self, run_batch: Callable[[Sequence[Any]], List[Any]], max_batch: int = DEFAULT_MAX_BATCH,
                  window_sec: float = DEFAULT_WINDOW_MS / 1e3, max_queue: int = DEFAULT_MAX_QUEUE,
-                 thread_name: str = 'vla_serve_infer') -> None:
+                 thread_name: str = 'vla_serve_infer',
+                 clients: Optional[Callable[[], Optional[int]]] = None) -> None:
+        """``clients``: how many clients could send a request now (None, or a call returning None: unknown; then
+        only the window and max_batch close a batch)."""
         if max_batch < 1 or max_queue < 1 or not window_sec >= 0:
             raise ValueError('max_batch and max_queue must be >= 1 and the window >= 0')
         self._run_batch = run_batch
+        self.clients = clients
         self.max_batch = int(max_batch)
         self.window_sec = float(window_sec)
         self.max_queue = int(max_queue)
@@ -88,7 +94,7 @@ class BatchingQueue:
                 self._arrived.clear()
                 await self._arrived.wait()
             closes = self._waiting[0].arrived + self.window_sec
-            while len(self._waiting) < self.max_batch and time.monotonic() < closes:
+            while len(self._waiting) < self._batch_target() and time.monotonic() < closes:
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), max(0.0, closes - time.monotonic()))
@@ -123,6 +129,11 @@ class BatchingQueue:
                     waiting.future.set_exception(outcome.exc)
                 else:
                     waiting.future.set_result(outcome)
+
+    def _batch_target(self) -> int:
+        """How many requests close a batch: max_batch, or fewer when fewer clients could send one."""
+        clients = self.clients() if self.clients is not None else None
+        return self.max_batch if clients is None else max(1, min(self.max_batch, int(clients)))
 
     def close(self) -> None:
         """Stop collecting and wait for the batch in flight."""

@@ -149,8 +149,10 @@ class PolicyServer:
         self._api_key = api_key
         self.max_message_bytes = max_message_bytes
         self.max_queue = max_queue
+        self.connections = 0          # open WebSocket connections: one request in flight each, at most
         self.queue = BatchingQueue(lambda items: infer_batch(runtime, items), max_batch=max_batch,
-                                   window_sec=batch_window_ms / 1e3, max_queue=max_queue)
+                                   window_sec=batch_window_ms / 1e3, max_queue=max_queue,
+                                   clients=lambda: self.connections or None)   # None: answer() called directly
         self.served = 0
         self.cache_hits = 0
         self.camera_keys = openpi_camera_keys(runtime.config.camera_names)
@@ -197,11 +199,14 @@ class PolicyServer:
 
     async def handler(self, websocket: ServerConnection) -> None:
         await websocket.send(codec.packb(self.metadata()))
+        self.connections += 1
         try:
             async for frame in websocket:
                 await websocket.send(await self.answer(frame))
         except ConnectionClosed:
             pass
+        finally:
+            self.connections -= 1
 
     async def answer(self, frame: Union[str, bytes]) -> Union[str, bytes]:
         """The reply to one frame: the actions, or a text frame saying what is wrong."""
