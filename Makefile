@@ -2,7 +2,8 @@
 #   make demo   set up, then run the node live against a replayed sample bag
 #   make test   set up, then run the whole test suite (what CI runs)
 # Set-up is a virtual environment in .venv with the package, the PyPI ROS 2
-# wheels and the test tools. torch is installed first from TORCH_SPEC (pip
+# wheels, the test tools and the extras the tests cover (dataset; fleet: Ray
+# Serve, about 300 MB and half a minute more). torch is installed first from TORCH_SPEC (pip
 # arguments; default: the CPU build this workplace keeps on disk); elsewhere
 # pass your own, e.g.
 #   make test TORCH_SPEC='torch --index-url https://download.pytorch.org/whl/cpu'
@@ -32,7 +33,7 @@ PYTEST_ARGS ?=
 $(INSTALLED): setup.py package.xml
 	test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --disable-pip-version-check --upgrade pip; }
 	$(PY) -m pip install --disable-pip-version-check $(TORCH_SPEC)
-	$(PY) -m pip install --disable-pip-version-check -e '.[ros,test,dataset]'
+	$(PY) -m pip install --disable-pip-version-check -e '.[ros,test,dataset,fleet]'
 	if [ -x $(ROS_TOOLS)/install.sh ]; then $(ROS_TOOLS)/install.sh $(VENV); \
 	else echo "no $(ROS_TOOLS)/install.sh: the ros2 CLI / launch / colcon tests will skip"; fi
 	touch $(INSTALLED)

@@ -48,7 +48,8 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('bags', ('vla_policy_node.bags', 'vla_policy_node.bags.*')),
     ('applications', ('vla_policy_node.ros', 'vla_policy_node.ros.*', 'vla_policy_node.replay',
                       'vla_policy_node.replay.*', 'vla_policy_node.dataset', 'vla_policy_node.dataset.*',
-                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo')),
+                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo',
+                      'vla_policy_node.fleet', 'vla_policy_node.fleet.*')),
 )
 # A family folder imports another family's modules only where one is built on the other.
 FAMILY_BUILT_ON = {('pi05', 'pi0')}

@@ -187,7 +187,7 @@ def _help(target: List[str]) -> str:
     out = io.StringIO()
     argv = sys.argv
     try:
-        sys.argv = [target[-1], '--help']
+        sys.argv = [target[1], *target[2:], '--help']          # target[2:]: a subcommand (vla_policy_fleet up)
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
             if target[0] == 'path':
                 runpy.run_path(str(ROOT / target[1]), run_name='__main__')
@@ -227,6 +227,8 @@ def test_documented_commands_use_options_that_exist():
                 target, rest = ('module', words[2]), words[3:]
             else:
                 target, rest = ('path', words[1]), words[2:]
+            while rest and not rest[0].startswith('-') and re.fullmatch(r'[a-z][a-z-]*', rest[0]):
+                target, rest = target + (rest[0],), rest[1:]          # a subcommand's own options
             options = _options(rest)
             if not options:
                 continue
