@@ -3,7 +3,9 @@
 docs/architecture.md draws the same layers and seams; when a module moves, both change together.
 
 - The import graph (ast over vla_policy_node/, every import statement, function-level ones included; tests
-  are not part of it) has no cycle, and no module imports a module of a higher layer.
+  are not part of it) has no cycle, not even through the imports under ``if TYPE_CHECKING:`` (annotations
+  point one way too: a Protocol in the lower module, as runtime/view.py), and no module imports a module of a
+  higher layer.
 - Outside policy/families/ no code names a policy family: no identifier, no string that is a name or key
   (no whitespace) and no imported name of a family module; prose (comments, docstrings, messages with
   spaces) may mention one as an example. The places allowed to name one are listed with the reason.
@@ -43,9 +45,11 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                  'vla_policy_node.outputs', 'vla_policy_node.tick')),
     ('parameters', ('vla_policy_node.params',)),
     ('configure', ('vla_policy_node.settings', 'vla_policy_node.remote_settings')),
+    ('bags', ('vla_policy_node.bags', 'vla_policy_node.bags.*')),
     ('applications', ('vla_policy_node.ros', 'vla_policy_node.ros.*', 'vla_policy_node.replay',
                       'vla_policy_node.replay.*', 'vla_policy_node.dataset', 'vla_policy_node.dataset.*',
-                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo')),
+                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo',
+                      'vla_policy_node.fleet', 'vla_policy_node.fleet.*')),
 )
 # A family folder imports another family's modules only where one is built on the other.
 FAMILY_BUILT_ON = {('pi05', 'pi0')}
@@ -71,14 +75,14 @@ def _type_checking_only(tree: ast.AST) -> Set[int]:
     return found
 
 
-def imported_modules(name: str, path: Path, modules: Set[str]) -> Set[str]:
+def imported_modules(name: str, path: Path, modules: Set[str], annotations: bool = False) -> Set[str]:
     """The package's modules that ``name`` imports anywhere in its file, function-level imports included, those
-    under ``if TYPE_CHECKING:`` not (as grimp records them: ``from X import Y`` is X.Y when that is a module,
-    else X)."""
+    under ``if TYPE_CHECKING:`` only with ``annotations`` (as grimp records them: ``from X import Y`` is X.Y when
+    that is a module, else X)."""
     package = name if path.name == '__init__.py' else name.rpartition('.')[0]
     found: Set[str] = set()
     tree = ast.parse(path.read_text(), str(path))
-    annotations_only = _type_checking_only(tree)
+    annotations_only = set() if annotations else _type_checking_only(tree)
     for node in ast.walk(tree):
         if id(node) in annotations_only:
             continue
@@ -96,9 +100,10 @@ def imported_modules(name: str, path: Path, modules: Set[str]) -> Set[str]:
     return {module for module in found if module in modules and module != name}
 
 
-def import_graph(package: Path = PACKAGE) -> Dict[str, Set[str]]:
+def import_graph(package: Path = PACKAGE, annotations: bool = False) -> Dict[str, Set[str]]:
+    """Module -> the modules it imports; ``annotations``: with those under ``if TYPE_CHECKING:``."""
     files = module_files(package)
-    return {name: imported_modules(name, path, set(files)) for name, path in files.items()}
+    return {name: imported_modules(name, path, set(files), annotations) for name, path in files.items()}
 
 
 def layer_of(module: str) -> Optional[int]:
@@ -183,8 +188,32 @@ def cross_family_imports(graph: Dict[str, Set[str]]) -> List[str]:
 
 
 def test_the_import_graph_has_no_cycle():
-    found = cycles(import_graph())
+    found = cycles(import_graph(annotations=True))
     assert not found, 'import cycles: ' + '; '.join(' <-> '.join(group) for group in found)
+
+
+def folder_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """The import graph between the package's folders (a module outside a folder stands for itself): an
+    edge where any module of one imports any module of the other."""
+    def folder(module: str) -> str:
+        parts = module.split('.')
+        return '.'.join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS) else module
+
+    folders: Dict[str, Set[str]] = {}
+    for module, targets in graph.items():
+        mine = folder(module)
+        folders.setdefault(mine, set()).update(folder(t) for t in targets if folder(t) != mine)
+    return folders
+
+
+FOLDERS = {path.name for path in PACKAGE.iterdir() if (path / '__init__.py').is_file()}
+
+
+def test_the_folders_lean_one_way():
+    """Two folders never import each other, at any depth (the replay imports the dataset reader, so the
+    converter takes the bag I/O and the bag-time ticks from bags/, below both)."""
+    found = cycles(folder_graph(import_graph(annotations=True)))
+    assert not found, 'folders that import each other: ' + '; '.join(' <-> '.join(group) for group in found)
 
 
 def test_no_import_runs_up_a_layer():
@@ -226,8 +255,14 @@ def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
                                              'def f():\n    from .a import x\n    from ..params import SPECS\n')
     (package / 'params.py').write_text('')
     (package / 'settings.py').write_text('')
+    (package / 'policy' / 'c.py').write_text('from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n'
+                                             '    from .d import D\n')
+    (package / 'policy' / 'd.py').write_text('from . import c\n')
     graph = import_graph(package)
     assert cycles(graph) == [['vla_policy_node.policy.a', 'vla_policy_node.policy.b']]
+    assert cycles(import_graph(package, annotations=True)) == [
+        ['vla_policy_node.policy.a', 'vla_policy_node.policy.b'],
+        ['vla_policy_node.policy.c', 'vla_policy_node.policy.d']]
     assert layer_violations(graph) == ['vla_policy_node.policy.b (model blocks) imports vla_policy_node.params '
                                        '(parameters)']
 

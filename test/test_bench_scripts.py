@@ -24,6 +24,8 @@ QUICK_RUNS = {
     'bench_rtc.py': (['--quick'], r'\| 150 ms \| rtc \| \d+ \|.*\n(.*\n)*\| tiny \(\d+ layers\) \| [\d.]+ ms \|'),
     'bench_cpu_threads.py': (['--quick'], r'\| 0 \(auto\) \| \d+ \| [\d.]+ \|'),
     'bench_remote.py': (['--quick'], r'remote, raw frames +[\d.]+ /'),
+    'bench_fleet.py': (['--quick'], r'N = 8: throughput \(saturated\) batching / serial = [\d.]+x(.*\n)+'
+                                    r'N = 8: hit rate affinity [\d.]+'),
     'bf16_accuracy.py': (['--quick'], r'ours / before = [\d.]+x max'),
     'flops.py': (['--quick'], r'\| tiny \| pi0 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \|'),
     # the whole script through the strict CUDA-capture stand-in, so the device script cannot rot (~1 min alone)
@@ -41,7 +43,8 @@ MAY_SKIP = {
     'compare_lerobot_bf16.py': 'lerobot',
 }
 # Tens of seconds each on a shared 2-core machine (several processes, a replay of a bag, deep models).
-SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'quant_accuracy.py', 'gpu_checks.py'}
+SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'bench_fleet.py', 'quant_accuracy.py',
+        'gpu_checks.py'}
 
 
 def _scripts():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vla_policy_node.policy.tiny_default import write_tiny_default
-from vla_policy_node.replay.bag_io import BagError, read_messages
+from vla_policy_node.bags.bag_io import BagError, read_messages
 from vla_policy_node.replay.make_bag import SampleBagSpec, in_hold_window, write_sample_bag
 from vla_policy_node.replay.offline import replay
 from vla_policy_node.params import ParameterError

@@ -425,7 +425,8 @@ class PolicyFamily(DeclaredInterface, ABC, abstract=True):
     tokenizer_class: ClassVar[type]
     # Where the tokenizer comes from, for the error when a folder has none.
     tokenizer_hint: ClassVar[str]
-    # The named configurations ``preset`` builds (benchmarks); names are unique across the registry.
+    # The named configurations ``preset`` builds (benchmarks); names are unique across the registry. Smallest
+    # first, the real shape last (bench/quant_accuracy.py measures the one or the other).
     preset_names: ClassVar[Tuple[str, ...]]
     # What the runtime and the fast path must know the family does differently.
     capabilities: ClassVar[FamilyCapabilities] = FamilyCapabilities()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -152,6 +152,29 @@ def prepare_guide(prev_chunk_left_over: Optional[torch.Tensor], noise: torch.Ten
     gains = [guidance_weight(t, rtc.max_guidance_weight) for t in times]
     return RTCGuide(target=target, clamp=None, scales=[1.0 - g * t * weights for g, t in zip(gains, times)],
                     pulls=[g * weights for g in gains])
+
+
+def guide_mode(guide: Optional[RTCGuide]) -> str:
+    """'none', 'guided' or 'trained': chunks whose guides are of one mode can share an Euler loop."""
+    if guide is None:
+        return 'none'
+    return 'trained' if guide.scales is None else 'guided'
+
+
+def stack_guides(guides: Sequence[RTCGuide]) -> RTCGuide:
+    """Several chunks' guides of one mode (same step count) as one guide over their rows, in order: each row keeps
+    its own target, prefix weights, gains and clamp, so a row's steering is exactly its own guide's."""
+    target = torch.cat([guide.target for guide in guides])
+    if guide_mode(guides[0]) == 'trained':
+        return RTCGuide(target=target, scales=None, pulls=None,
+                        clamp=torch.cat([guide.clamp for guide in guides]))
+
+    def rows(per_step: List[List[torch.Tensor]]) -> List[torch.Tensor]:
+        # [1, H, 1] per guide and step (prepare_guide's weights) -> [B, H, 1] per step
+        return [torch.cat(step) for step in zip(*per_step)]
+
+    return RTCGuide(target=target, clamp=None, scales=rows([guide.scales for guide in guides]),
+                    pulls=rows([guide.pulls for guide in guides]))
 
 
 def step_times(num_steps: int) -> List[float]:

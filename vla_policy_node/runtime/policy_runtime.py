@@ -82,6 +82,22 @@ class _Request:
     rtc: Optional[RTCSettings]
 
 
+def infer_request(cache_enabled: bool, noise: Optional[np.ndarray] = None, seed: Optional[int] = None,
+                  num_steps: Optional[int] = None, use_cache: Optional[bool] = None,
+                  max_instruction_length: int = MAX_INSTRUCTION_CHARS, *, max_image_pixels: int = DEFAULT_MAX_PIXELS,
+                  prev_chunk_left_over: Optional[np.ndarray] = None, prev_actions: Optional[np.ndarray] = None,
+                  inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                  rtc: Optional[RTCSettings] = None) -> _Request:
+    """``PolicyRuntime.infer``'s keyword arguments as one request, the runtime's defaults applied (``use_cache``
+    None: ``cache_enabled``); runtime/batch.py builds each robot's request of a batch with it too."""
+    return _Request(noise=noise, seed=seed, num_steps=num_steps,
+                    use_cache=cache_enabled if use_cache is None else use_cache,
+                    max_instruction_length=min(int(max_instruction_length), MAX_INSTRUCTION_CHARS),
+                    max_image_pixels=int(max_image_pixels), prev_chunk_left_over=prev_chunk_left_over,
+                    prev_actions=prev_actions, inference_delay=int(inference_delay),
+                    execution_horizon=execution_horizon, rtc=rtc)
+
+
 class PolicyRuntime:
     """A loaded policy with its prefix cache. ``infer`` is safe to call from one thread at a time."""
 
@@ -171,14 +187,12 @@ class PolicyRuntime:
         the cache lookup; a corrupt compressed image is only found while
         decoding on a miss, and then nothing is stored.
         """
+        request = infer_request(self.cache_enabled, noise, seed, num_steps, use_cache, max_instruction_length,
+                                max_image_pixels=max_image_pixels, prev_chunk_left_over=prev_chunk_left_over,
+                                prev_actions=prev_actions, inference_delay=inference_delay,
+                                execution_horizon=execution_horizon, rtc=rtc)
         with self._lock:
-            return self._run(observation, _Request(
-                noise=noise, seed=seed, num_steps=num_steps,
-                use_cache=self.cache_enabled if use_cache is None else use_cache,
-                max_instruction_length=min(int(max_instruction_length), MAX_INSTRUCTION_CHARS),
-                max_image_pixels=int(max_image_pixels), prev_chunk_left_over=prev_chunk_left_over,
-                prev_actions=prev_actions, inference_delay=int(inference_delay),
-                execution_horizon=execution_horizon, rtc=rtc))
+            return self._run(observation, request)
 
     def _run(self, observation: Observation, request: _Request) -> ActionChunk:
         """prepare -> key -> hit / miss -> denoise -> postprocess, timed per stage."""

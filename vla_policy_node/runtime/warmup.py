@@ -4,7 +4,7 @@ through the runtime's own ``infer``, and a tick never captures."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -12,14 +12,12 @@ from ..fast_path import EVICTED, FastPathError, capture_window, prompt_bucket
 from ..observation import Observation
 from ..policy.rtc import RTCSettings
 from .chunk import ActionChunk
-
-if TYPE_CHECKING:
-    from .policy_runtime import PolicyRuntime
+from .view import RuntimeView
 
 LOG = logging.getLogger(__name__)
 
 
-def neutral_state(runtime: 'PolicyRuntime') -> np.ndarray:
+def neutral_state(runtime: RuntimeView) -> np.ndarray:
     """A state that normalises to zero."""
     return runtime.state_normalizer.unnormalize(np.zeros(runtime.config.state_dim, dtype=np.float32))
 
@@ -39,7 +37,7 @@ def chunking_modes(config: Any, rtc_modes: Sequence[str]) -> List[Dict[str, Any]
     return modes
 
 
-def bucket_prompts(runtime: 'PolicyRuntime', state: np.ndarray) -> Dict[int, str]:
+def bucket_prompts(runtime: RuntimeView, state: np.ndarray) -> Dict[int, str]:
     """An instruction per prompt bucket that a prompt can reach: 'a', 'a.', 'a a', 'a a.', ... tokenized as a
     tick would (with this state, which pi0.5 puts in the prompt) until the last bucket. A bucket smaller than
     the shortest prompt is reached by no prompt and needs no graph."""
@@ -55,7 +53,7 @@ def bucket_prompts(runtime: 'PolicyRuntime', state: np.ndarray) -> Dict[int, str
     return found
 
 
-def warm_up(runtime: 'PolicyRuntime') -> ActionChunk:
+def warm_up(runtime: RuntimeView) -> ActionChunk:
     """One inference on a blank observation, outside the cache; with CUDA graphs, one per prompt bucket and
     chunking mode at the runtime's step count (``num_steps``), capturing the prefix and denoise graphs.
 
@@ -84,7 +82,7 @@ def warm_up(runtime: 'PolicyRuntime') -> ActionChunk:
     return chunks[0]
 
 
-def report_graphs(runtime: 'PolicyRuntime', runners: List[Any]) -> None:
+def report_graphs(runtime: RuntimeView, runners: List[Any]) -> None:
     """Log what the warm-up captured. A shape left without a graph is FastPathError under ``on``; under ``auto``
     the evicted ones are warned of here (a failed or oversized capture was logged when it happened)."""
     missing = {f'{runner.what} ({name})': reason for runner in runners for name, reason in runner.uncached().items()}
