@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime_fixtures import rgb_image
+from runtime_fixtures import rgb_image, spy_batch_sizes
 from capture_standin import CaptureStandIn
 from vla_policy_node.cache import MASK_AXES, PREFIX, ContextAxes, PrefixContext
 from vla_policy_node.observation import Observation, ObservationError
@@ -330,3 +330,35 @@ def test_robots_contexts_of_different_lengths_denoise_as_one_batch(kind):
         alone = torch.cat([model.denoise(context, state[i:i + 1], noise[i:i + 1], 3, **extra)
                            for i, context in enumerate(contexts)])
         assert (batched - noise).abs().max() > 0.1 and (batched - alone).abs().max() < 1e-5
+
+
+def test_robots_of_a_feature_context_family_batch_through_its_own_hooks():
+    """runtime/batch.py with the stand-in: its own prefix inputs filled as one batch (one row per miss), its
+    contexts (two token sequences) stacked, its embodiment per row, its inpainting guides stacked by row and its
+    own decode per robot; each robot's chunk equals its own ``infer`` within fp32 rounding, hits and misses. A
+    family whose guides do not stack runs its RTC robots one at a time, still each its own chunk."""
+    from vla_policy_node.runtime.batch import infer_batch
+    leftover = np.array([[0.5, 5.0], [1.0, 6.0], [-1.0, 2.0]])
+    items = [(observation(1), dict(seed=1)), (observation(3, instruction='open it'), dict(seed=2)),
+             (observation(5, masked=True, state=(1.0, 8.0)), dict(seed=3)),
+             (observation(1), dict(seed=4, prev_actions=leftover, inference_delay=2, rtc=RTCSettings())),
+             (observation(7), dict(seed=5, prev_actions=leftover[:2], inference_delay=1, rtc=RTCSettings())),
+             (observation(9, state=(-1.5, 1.0)), dict(seed=6, prev_actions=leftover[1:], inference_delay=0,
+                                                      rtc=RTCSettings()))]
+    for stackable in (True, False):
+        alone, batched = PolicyRuntime(CrossFamily.build(1), 'rev'), PolicyRuntime(CrossFamily.build(1), 'rev')
+        if not stackable:
+            batched.model.stack_guides = lambda guides: None
+        fills, loops = spy_batch_sizes(batched.policy)
+        expected = [alone.infer(obs, **options) for obs, options in items]
+        for round_ in ('misses', 'hits'):
+            chunks = infer_batch(batched, items)
+            for robot, (chunk, own) in enumerate(zip(chunks, expected)):
+                assert not isinstance(chunk, Exception), (robot, chunk)
+                assert chunk.cache_hit == (round_ == 'hits') and chunk.continued == own.continued
+                np.testing.assert_allclose(chunk.actions, own.actions, rtol=0, atol=1e-5, err_msg=f'robot {robot}')
+        assert chunks[3].key == chunks[0].key and np.abs(chunks[3].actions - chunks[0].actions).max() > 1e-3
+        assert fills == [5]                                   # five distinct misses, one fill_prefix
+        assert loops == ([3, 3] * 2 if stackable else [3, 1, 1, 1] * 2)
+        (one,) = infer_batch(batched, items[4:5])
+        assert np.array_equal(one.actions, alone.infer(*items[4][:1], **items[4][1]).actions)

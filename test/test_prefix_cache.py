@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from vla_policy_node.cache import (KV, MASK_AXES, PAD_MASK, PREFIX, PREFIX_LAYOUT_VERSION, ContextAxes, PrefixCache,
-                                   PrefixContext, PrefixKeyBuilder, kv_prefix_context, stack_contexts)
+                                   PrefixContext, PrefixKeyBuilder, can_stack, context_row, kv_prefix_context,
+                                   stack_contexts)
 from vla_policy_node.images import CompressedFrame, RawImage
 
 
@@ -87,6 +88,26 @@ def test_contexts_of_different_lengths_stack_padded_and_masked():
     assert tuple(kv[KV].shape) == (1, 2, 2, 1, 5, 4) and kv[PAD_MASK].sum().item() == 8
     with pytest.raises(ValueError, match='layouts'):
         stack_contexts([make_context(3), short])
+
+
+def test_only_contexts_that_differ_in_batch_and_tokens_stack_and_a_row_comes_back_as_its_own_entry():
+    short, long = feature_context(4, 3, 1.0), feature_context(6, 2, 2.0)
+    assert can_stack([short, long]) and can_stack([make_context(3), make_context(5)])
+    assert not can_stack([make_context(3), short])                                  # other names and axes
+    assert not can_stack([make_context(3, head_dim=4), make_context(3, head_dim=8)])  # a size besides the tokens
+    assert not can_stack([make_context(3), make_context(3).map(lambda t: t if t.dtype == torch.bool else t.half())])
+    with pytest.raises(ValueError, match='layouts'):
+        stack_contexts([make_context(3, head_dim=4), make_context(3, head_dim=8)])
+    both = stack_contexts([short, long])
+    row = context_row(both, 0)
+    assert row.batch_size == 1 and row.prefix_len == 6 and row.masks == short.masks
+    assert torch.equal(row['features'][:, :4], short['features']) and not row['mask'][0, 4:].any()
+    padded = torch.cat([long['text_kv'], torch.zeros(2, 2, 1, 4, 1, 5)], dim=4)     # its 'text' padded to 3
+    assert torch.equal(context_row(both, 1)['text_kv'], padded)
+    assert row.nbytes == both.nbytes // 2           # a copy: the row's entry does not hold the batch's storage
+    assert row['features'].untyped_storage().data_ptr() != both['features'].untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match='row 2'):
+        context_row(both, 2)
 
 
 # ---- LRU semantics -----------------------------------------------------------------------------

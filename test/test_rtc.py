@@ -8,7 +8,7 @@ import torch
 
 from runtime_fixtures import make_observation, tiny_checkpoint, tiny_checkpoints  # noqa: F401
 from vla_policy_node.policy.families import family_class
-from vla_policy_node.policy.rtc import RTCSettings, guidance_weight, prefix_weights
+from vla_policy_node.policy.rtc import RTCSettings, guidance_weight, prefix_weights, prepare_guide, stack_guides
 from vla_policy_node.policy.tiny_default import random_model
 from vla_policy_node.runtime import PolicyRuntime
 
@@ -213,3 +213,30 @@ def test_bad_leftovers_are_refused_before_the_cache(runtime, kwargs, field):
 @pytest.fixture
 def runtime(tiny_checkpoint):  # noqa: F811
     return PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32')
+
+
+def test_guides_of_several_robots_stack_row_by_row_or_not_at_all():
+    """stack_guides (a batch of robots, runtime/batch.py): each row keeps its own guide; guides that differ in
+    structure or plain values, or hold a tensor that is not one row, do not stack (the robots then run alone)."""
+    noise = torch.zeros(1, 6, 4)
+    first = prepare_guide(torch.ones(3, 2), noise, 4, 1, None, RTCSettings(), 0)
+    second = prepare_guide(-torch.ones(5, 2), noise, 4, 2, 4, RTCSettings(schedule='exp'), 0)
+    both = stack_guides([first, second])
+    assert torch.equal(both.target, torch.cat([first.target, second.target])) and both.clamp is None
+    pairs = zip(both.scales + both.pulls, first.scales + first.pulls, second.scales + second.pulls)
+    assert all(torch.equal(stacked, torch.cat([a, b])) for stacked, a, b in pairs)
+    trained = prepare_guide(torch.ones(3, 2), noise, 4, 1, None, RTCSettings(mode='trained'), 3)
+    assert stack_guides([first, trained]) is None and stack_guides([first, None]) is None
+    assert stack_guides([prepare_guide(torch.ones(3, 2), noise, 3, 1, None, RTCSettings(), 0), first]) is None
+
+    @dataclasses.dataclass
+    class Schedule:
+        target: torch.Tensor
+        per_step: torch.Tensor          # [steps]: not a row of the batch
+        label: str
+
+    one = Schedule(torch.zeros(1, 6, 4), torch.ones(4), 'a')
+    assert stack_guides([one, one]) is None
+    rows = Schedule(torch.zeros(1, 6, 4), torch.ones(1, 4), 'a')
+    assert stack_guides([rows, dataclasses.replace(rows, label='b')]) is None
+    assert stack_guides([rows, rows]).per_step.shape == (2, 4)

@@ -12,9 +12,10 @@ whose length is ``prefix_len``. Nothing here knows a family: a family's model na
 
 Because every tensor declares its axes, several robots' contexts of different token lengths stack into one
 batch generically (``stack_contexts``: each sequence right-padded to the longest with masked zeros, then
-concatenated along the batch axes). Nothing writes to the tensors after the family returns the context: the
-denoise reads them or copies them into its own buffers, so one context serves any number of chunks and is
-shared through the cache.
+concatenated along the batch axes; ``can_stack`` says whether they can), and one row of a batched context is a
+context of its own (``context_row``: a prefix filled for several robots at once, stored per robot). Nothing
+writes to the tensors after the family returns the context: the denoise reads them or copies them into its own
+buffers, so one context serves any number of chunks and is shared through the cache.
 """
 from __future__ import annotations
 
@@ -167,16 +168,38 @@ def kv_prefix_context(kv: torch.Tensor, pad_mask: torch.Tensor, **like_kv: torch
     return PrefixContext(tensors, axes, batch_size=kv.shape[2], prefix_len=kv.shape[4], masks={PREFIX: PAD_MASK})
 
 
+def can_stack(contexts: Sequence[PrefixContext]) -> bool:
+    """Whether ``stack_contexts`` takes these: the same tensor names with the same axes and sequences, and each
+    tensor of one dtype and device whose shape differs only along its batch axis and its token axis."""
+    if not contexts:
+        return False
+    first = contexts[0]
+    if any(dict(other.axes) != dict(first.axes) or dict(other.masks) != dict(first.masks) for other in contexts):
+        return False
+    for name, axes in first.axes.items():
+        kept = [_kept_shape(context[name], axes) + (context[name].dtype, context[name].device)
+                for context in contexts]
+        if any(shape != kept[0] for shape in kept[1:]):
+            return False
+    return True
+
+
+def _kept_shape(tensor: torch.Tensor, axes: ContextAxes) -> tuple:
+    """The tensor's shape without its batch and token axes: what must agree for contexts to stack."""
+    varying = {axes.batch % tensor.dim()} | ({axes.tokens % tensor.dim()} if axes.tokens is not None else set())
+    return (tensor.dim(),) + tuple(size for axis, size in enumerate(tensor.shape) if axis not in varying)
+
+
 def stack_contexts(contexts: Sequence[PrefixContext]) -> PrefixContext:
     """One context holding ``contexts`` one after the other along the batch: every token sequence right-padded
     to its longest with zeros (masks: False, so a padded token is a masked one), then each tensor concatenated
-    along its batch axis. The contexts must hold the same names with the same axes and masks."""
+    along its batch axis. ValueError unless ``can_stack(contexts)``."""
     if not contexts:
         raise ValueError('nothing to stack')
+    if not can_stack(contexts):
+        raise ValueError('contexts of different layouts do not stack (names, axes, masks, dtypes or the sizes '
+                         'besides batch and tokens differ)')
     first = contexts[0]
-    for other in contexts[1:]:
-        if dict(other.axes) != dict(first.axes) or dict(other.masks) != dict(first.masks):
-            raise ValueError('contexts of different layouts do not stack')
     lengths: Dict[str, int] = {sequence: max(c[name].shape[1] for c in contexts)
                                for sequence, name in first.masks.items()}
     stacked = {}
@@ -185,6 +208,17 @@ def stack_contexts(contexts: Sequence[PrefixContext]) -> PrefixContext:
         stacked[name] = torch.cat(parts, dim=axes.batch)
     return PrefixContext(stacked, first.axes, batch_size=sum(c.batch_size for c in contexts),
                          prefix_len=lengths[PREFIX], masks=first.masks)
+
+
+def context_row(context: PrefixContext, row: int) -> PrefixContext:
+    """Row ``row`` of a batched context as a context of one, every tensor copied (a cache entry must not keep the
+    whole batch's storage alive, and the cache's budget counts what an entry holds). Token lengths stay: a row
+    of ``stack_contexts``' output keeps its masked padding."""
+    if not 0 <= row < context.batch_size:
+        raise ValueError(f'row {row} of a context of {context.batch_size}')
+    return PrefixContext({name: tensor.narrow(context.axes[name].batch, row, 1).clone()
+                          for name, tensor in context.items()},
+                         context.axes, batch_size=1, prefix_len=context.prefix_len, masks=context.masks)
 
 
 def _pad_tokens(tensor: torch.Tensor, axes: ContextAxes, lengths: Mapping[str, int]) -> torch.Tensor:

@@ -49,7 +49,7 @@ from . import action_space
 from .checkpoint import LoadedCheckpoint, WeightKeys, read_config_json
 from .layers import MixedPrecisionPolicy
 from .normalize import FeatureNormalizer
-from .rtc import RTC_MODES, RTCSettings, prepare_guide
+from .rtc import RTC_MODES, RTCSettings, prepare_guide, stack_guides
 from .tokenizer import TokenizerError
 
 # lerobot names the padding cameras it adds for `empty_cameras` like this.
@@ -301,7 +301,7 @@ class PolicyModel(MixedPrecisionPolicy, DeclaredInterface, ABC, abstract=True):
     Time and real-time chunking are the family's: ``rtc_guide`` by default prepares policy/rtc.py's guided and
     trained modes for flow-matching time running from 1 (noise) to 0 (actions); a family integrating the
     other way, or continuing a chunk otherwise (inpainting), overrides it and lists its modes in
-    ``FamilyCapabilities.rtc_modes``.
+    ``FamilyCapabilities.rtc_modes`` (and ``stack_guides`` too, if its guide is not batch-first).
     """
 
     config: Any                   # the family config it was built from
@@ -329,7 +329,8 @@ class PolicyModel(MixedPrecisionPolicy, DeclaredInterface, ABC, abstract=True):
         embodiment (per-embodiment action weights), None for a family with one set. ``workspace``: buffers as
         ``workspace_spec`` describes them whose prefix parts already hold the entry (nothing is copied then).
         Returns the chunk ``euler_loop`` takes: a dataclass of tensors and plain values (fast_path.py treats it
-        as a graph's static inputs)."""
+        as a graph's static inputs) whose ``guide`` field holds ``start_chunk``'s guide, nothing else in it made
+        from that guide (a batch of robots sets its rows' guides, ``stack_guides``, there: runtime/batch.py)."""
 
     @abstractmethod
     def euler_loop(self, chunk: Any) -> torch.Tensor:
@@ -350,10 +351,18 @@ class PolicyModel(MixedPrecisionPolicy, DeclaredInterface, ABC, abstract=True):
     def rtc_guide(self, prev_chunk_left_over: Optional[torch.Tensor], noise: torch.Tensor, num_steps: int, *,
                   inference_delay: int, execution_horizon: Optional[int], rtc: Optional[RTCSettings]) -> Optional[Any]:
         """What ``euler_loop`` needs to continue the previous chunk's leftover (normalised, [T, A'] or
-        [B, T, A']), or None (no leftover or RTC off: the loop is exactly the plain one). Default: policy/rtc.py,
-        time from 1 to 0 (guided guidance, or the trained mode's clamped prefix)."""
+        [B, T, A']), or None (no leftover or RTC off: the loop is exactly the plain one); its tensors batch-first,
+        a row per noise row (``stack_guides``). Default: policy/rtc.py, time from 1 to 0 (guided guidance, or the
+        trained mode's clamped prefix)."""
         return prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
                              self.config.rtc_training_max_delay)
+
+    def stack_guides(self, guides: Sequence[Any]) -> Optional[Any]:
+        """Several robots' guides (``rtc_guide``'s, each for noise of one row) as the guide of their stacked chunk,
+        rows in order, or None when they cannot share one Euler loop (runtime/batch.py then denoises each robot
+        alone). Default: policy/rtc.py's ``stack_guides``: a guide's tensors are batch-first, and guides of one
+        structure and equal plain values are concatenated along that axis."""
+        return stack_guides(guides)
 
     def start_chunk(self, context: PrefixContext, noise: torch.Tensor, num_steps: Optional[int],
                     workspace: Optional[Sequence[torch.Tensor]], *, prev_chunk_left_over: Optional[torch.Tensor],

@@ -36,9 +36,8 @@ from ..fast_path import (DEFAULT_MAX_GRAPH_BYTES, DEFAULT_MAX_GRAPHS, EntryToken
 from ..images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_frame
 from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from ..observation_checks import CameraInput, camera_slots, checked_instruction, checked_state
-from ..policy.family import Frames
 from ..policy.families import load_policy
-from ..policy.family import PolicyFamily
+from ..policy.family import Frames, PolicyFamily, PrefixInputs
 from ..policy.quant import check_device, quantize_model
 from ..policy.rtc import RTCSettings
 from . import report
@@ -210,11 +209,8 @@ class PolicyRuntime:
         timer.start('denoise')
         actions = self._denoise(context, entry, prepared, steps, noise, leftover, request)
         timer.stop()
-        return ActionChunk(actions=self.policy.postprocess(actions, prepared.raw_state), cache_hit=hit,
-                           timings_ms=timer.ms, timings_clock=timer.clock, key=key, num_steps=steps,
-                           camera_slots=tuple(name for name, _ in prepared.slots),
-                           normalized=np.ascontiguousarray(actions[:, :self.config.action_dim]),
-                           continued=request.rtc is not None and leftover is not None and len(leftover) > 0)
+        return finished_chunk(self.policy, prepared, request, actions, leftover, hit=hit, key=key, steps=steps,
+                              timings=timer.ms, clock=timer.clock)
 
     def _prepare(self, observation: Observation, max_instruction_length: int = MAX_INSTRUCTION_CHARS,
                  max_image_pixels: int = DEFAULT_MAX_PIXELS) -> _Prepared:
@@ -257,13 +253,17 @@ class PolicyRuntime:
         timer.start('preprocess')
         inputs = self.policy.prefix_inputs(decoded_frames(prepared.slots), prepared.tokens, prepared.token_mask)
         timer.start('prefix')
-        fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.policy.fill_prefix
-        context = fill(*inputs)
+        context = self._fill(inputs)
         timer.stop()
         entry = self._generations.new(key)
         if use_cache:
             self._store(key, context)
         return context, entry
+
+    def _fill(self, inputs: PrefixInputs) -> PrefixContext:
+        """The family's fill_prefix over its prefix inputs, through the captured prefix graph when there is one."""
+        fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.policy.fill_prefix
+        return fill(*inputs)
 
     def _store(self, key: str, context: PrefixContext) -> None:
         if len(self._generations) > 2 * self.cache.stats().max_entries + 8:
@@ -317,6 +317,18 @@ class PolicyRuntime:
         self.policy = None  # type: ignore[assignment]
         if self.device.type == 'cuda':
             torch.cuda.empty_cache()
+
+
+def finished_chunk(policy: PolicyFamily, prepared: _Prepared, request: _Request, actions: np.ndarray,
+                   leftover: Optional[torch.Tensor], *, hit: bool, key: Optional[str], steps: int,
+                   timings: Dict[str, float], clock: str) -> ActionChunk:
+    """One robot's chunk from its model-space actions [H, max_action_dim]: the family's postprocess against the
+    raw state of the observation they come from (runtime/batch.py makes each row's chunk with it too)."""
+    return ActionChunk(actions=policy.postprocess(actions, prepared.raw_state), cache_hit=hit,
+                       timings_ms=dict(timings), timings_clock=clock, key=key, num_steps=steps,
+                       camera_slots=tuple(name for name, _ in prepared.slots),
+                       normalized=np.ascontiguousarray(actions[:, :policy.config.action_dim]),
+                       continued=request.rtc is not None and leftover is not None and len(leftover) > 0)
 
 
 def decoded_frames(slots: Sequence[Tuple[str, CameraInput]]) -> Frames:
