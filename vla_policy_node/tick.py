@@ -7,7 +7,9 @@ Anything wrong on the way becomes a SkipTick with a reason; nothing invalid
 leaves this module. The caller (node or replay) owns the clock and the output;
 it passes the clock so a chunk can be timed from its publication. Every chunk
 counts from its observation (handover.py); a tick that only repeats the executing
-chunk's observation is skipped as repeated_observation, no fault, and the chunk goes on.
+chunk's observation is skipped as repeated_observation, no fault, and the chunk goes on;
+one whose chunk would be all due before it could be published (the executing chunk ran out
+on the same frames) is skipped as chunk_elapsed before inference, not after it.
 """
 from __future__ import annotations
 
@@ -273,6 +275,7 @@ class TickEngine:
             if self.handover.repeated(outcome.assembled, settings, now_ns, settings.repeated_state_tolerance):
                 raise SkipTick(SkipReason.REPEATED_OBSERVATION, 'the executing chunk\'s observation again (same '
                                'frames, joints, instruction and settings): that chunk goes on')
+            self._refuse_elapsed(outcome, settings, now_ns)
             continuation = self._continuation(outcome, settings)
             outcome.chunk = self._infer(outcome.assembled, settings, continuation)
             outcome.publish_ns = clock() if clock is not None else now_ns
@@ -306,6 +309,20 @@ class TickEngine:
                                outcome.assembled, settings), elapsed)
         elif review.kind is not None:
             self.handover.reset()
+
+    def _refuse_elapsed(self, outcome: TickOutcome, settings: TickSettings, now_ns: int) -> None:
+        """chunk_elapsed before inference: a chunk counts from its observation, so one whose published actions
+        would all be due by now (an observation as old as the chunk is long: the executing chunk ran out and
+        the frames repeat, or a camera slower than execute_steps) is decided here, not computed and then
+        dropped. chunk_size bounds every chunk the backend returns, so no publishable chunk is refused."""
+        horizon = getattr(self.runtime.config, 'chunk_size', None)
+        if not horizon:
+            return
+        end = published_range(int(horizon), settings.execute_steps)
+        if elapsed_actions(outcome.origin_ns, now_ns, settings.period_ns) >= end:
+            age_ms = (now_ns - outcome.origin_ns) / 1e6
+            raise SkipTick(SkipReason.CHUNK_ELAPSED, f'the observation is {age_ms:.0f} ms old at the tick: all {end} '
+                           'published actions of its chunk would already be due (not computed)')
 
     def _continuation(self, outcome: TickOutcome, settings: TickSettings) -> Continuation:
         delay = self.handover.delays.estimate(settings.delay_mode, settings.delay_window, settings.delay_steps)
