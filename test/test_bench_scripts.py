@@ -22,6 +22,7 @@ QUICK_RUNS = {
     'bench_rtc.py': (['--quick'], r'\| 150 ms \| rtc \| \d+ \|.*\n(.*\n)*\| tiny \(\d+ layers\) \| [\d.]+ ms \|'),
     'bench_cpu_threads.py': (['--quick'], r'\| 0 \(auto\) \| \d+ \| [\d.]+ \|'),
     'bench_remote.py': (['--quick'], r'remote, raw frames +[\d.]+ /'),
+    'bench_camera_clock.py': (['--quick'], r'\| 1e6 s ahead \| back \| (?:[\d.]+|> [\d.]+) \|'),
     'bf16_accuracy.py': (['--quick'], r'ours / before = [\d.]+x max'),
     'flops.py': (['--quick'], r'\| tiny \| pi0 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \|'),
     'gpu_checks.py': (['--quick'], r'all checks passed'),
@@ -34,12 +35,13 @@ QUICK_RUNS = {
 # The only scripts allowed to skip, and what they may say they need.
 MAY_SKIP = {
     'gpu_checks.py': 'a CUDA device',
+    'bench_camera_clock.py': 'rclpy',
     'compare_lerobot_dataset.py': 'lerobot',
     'compare_lerobot_smolvla.py': 'lerobot',
     'compare_lerobot_bf16.py': 'lerobot',
 }
 # Tens of seconds each on a shared 2-core machine (several processes, a replay of a bag, deep models).
-SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'quant_accuracy.py'}
+SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'quant_accuracy.py', 'bench_camera_clock.py'}
 
 
 def _scripts():
