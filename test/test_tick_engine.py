@@ -266,3 +266,31 @@ def test_diagnostics_show_the_camera_clock_and_a_repeated_observation_is_no_warn
     assert values['camera_clock'] == 'receive' and settings.layout.cameras[0].topic in values['camera_clock_reason']
     assert values['skipped_repeated_observation'] == '1' and 'last_skip' not in values
     assert status.level == DiagnosticStatus.OK
+
+
+def test_a_camera_clock_jump_is_logged_once_per_direction_and_counted_on_diagnostics(runtime):
+    """The first camera's stamps 5 s ahead for good, then back: each jump is one log line (throttled, but there
+    and back both said), counted per camera on /diagnostics."""
+    pytest.importorskip('diagnostic_msgs')
+    from vla_policy_node.ros.diagnostics import PolicyReport, diagnostics_msg
+    from vla_policy_node.tick import ThrottledReporter
+    settings = _settings(runtime, max_image_age_sec=1.0)
+    engine, reporter, buf = TickEngine(runtime), ThrottledReporter(), InputBuffer()
+    engine.activate(NOW)
+    lines = []
+    for k in range(60):                               # 20 Hz frames for 3 s, the jump at 1 s, back at 2 s
+        t = NOW + k * NS // 20
+        offset = 5 * NS if 20 <= k < 40 else 0
+        for entry in settings.layout.cameras:
+            buf.put(entry, _image(header=_header(t + (offset if entry is settings.layout.cameras[0] else 0))), t)
+        buf.put(settings.layout.joint_states, SimpleNamespace(header=_header(t), name=JOINTS, position=[0.0] * 6), t)
+        buf.put(settings.layout.instruction, SimpleNamespace(data='pick it up'), t)
+        if k % 2:
+            lines += [line for line in engine.run(buf, settings, t).warnings(reporter) if 'jumped' in line]
+    camera = settings.layout.cameras[0]
+    assert len(lines) == 2 and 'ahead of' in lines[0] and 'behind' in lines[1] and camera.topic in lines[0], lines
+    snapshot = engine.stats.snapshot()
+    report = PolicyReport(name='policy', lifecycle='active', configure_error='', new_skips=0, stats=snapshot)
+    values = {pair.key: pair.value for pair in diagnostics_msg(NOW, report).status[0].values}
+    assert values['clock_jumps'] == '2' and values[f'clock_jumps_{camera.camera}'] == '2', values
+    assert values['joint_state_clock'] == 'header' and values['clock_outliers'] == '0'
