@@ -22,7 +22,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup ros-tools demo test test-isa test-avx2 bench clean
+.PHONY: setup ros-tools demo test test-isa test-avx2 stress-test bench clean
 
 # A fresh venv gets a current pip first: the pip that Python 3.10 ships installs `-e .` through the
 # legacy `setup.py develop`, which setuptools >= 80 no longer runs with this package's setup.cfg.
@@ -74,6 +74,13 @@ test-avx2: setup
 
 bench: setup
 	$(PY) bench/bench_runtime.py
+
+# The DDS test files STRESS_RUNS times under two busy processes per core (a loaded CI machine); prints the
+# runs each file passed and every failing test. Long: about an hour for 5 runs on 2 cores.
+STRESS_RUNS ?= 5
+STRESS_FILES ?=
+stress-test: setup
+	$(PY) .ci/stress_test.py --runs $(STRESS_RUNS) $(STRESS_FILES)
 
 clean:
 	rm -rf $(VENV) artifacts build *.egg-info

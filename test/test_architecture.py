@@ -29,8 +29,8 @@ PACKAGE = ROOT / 'vla_policy_node'
 # A pattern is a module name (that module) or a name ending in '.*' (every module below it); the most
 # specific pattern a module matches gives its layer. A module may import its own layer and the ones below.
 LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ('contracts', ('vla_policy_node', 'vla_policy_node.observation', 'vla_policy_node.images',
-                   'vla_policy_node.observation_checks')),
+    ('contracts', ('vla_policy_node', 'vla_policy_node.observation', 'vla_policy_node.stamp_clock',
+                   'vla_policy_node.images', 'vla_policy_node.observation_checks')),
     ('cache', ('vla_policy_node.cache', 'vla_policy_node.cache.*')),
     ('model blocks', ('vla_policy_node.policy', 'vla_policy_node.policy.*')),
     ('family seam', ('vla_policy_node.policy.family',)),

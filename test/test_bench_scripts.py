@@ -26,6 +26,7 @@ QUICK_RUNS = {
     'bench_remote.py': (['--quick'], r'remote, raw frames +[\d.]+ /'),
     'bench_fleet.py': (['--quick'], r'N = 8: throughput \(saturated\) batching / serial = [\d.]+x(.*\n)+'
                                     r'N = 8: hit rate affinity [\d.]+'),
+    'bench_camera_clock.py': (['--quick'], r'\| 1e6 s ahead \| back \| (?:[\d.]+|> [\d.]+) \|'),
     'bf16_accuracy.py': (['--quick'], r'ours / before = [\d.]+x max'),
     'flops.py': (['--quick'], r'\| tiny \| pi0 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \|'),
     # the whole script through the strict CUDA-capture stand-in, so the device script cannot rot (~1 min alone)
@@ -38,13 +39,14 @@ QUICK_RUNS = {
 }
 # The only scripts allowed to skip, and what they may say they need.
 MAY_SKIP = {
+    'bench_camera_clock.py': 'rclpy',
     'compare_lerobot_dataset.py': 'lerobot',
     'compare_lerobot_smolvla.py': 'lerobot',
     'compare_lerobot_bf16.py': 'lerobot',
 }
 # Tens of seconds each on a shared 2-core machine (several processes, a replay of a bag, deep models).
 SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'bench_fleet.py', 'quant_accuracy.py',
-        'gpu_checks.py'}
+        'gpu_checks.py', 'bench_camera_clock.py'}
 
 
 def _scripts():

@@ -469,6 +469,7 @@ def test_diagnostics_label_the_clock_and_show_the_fast_path(tiny_checkpoint):  #
 
     class Outcome:
         skip = plan = handover = assembled = None
+        clock_events = ()
         chunk = runtime.infer(make_observation(), seed=0)
         delay = 0
 

@@ -78,6 +78,7 @@ def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSetting
                           max_camera_skew_sec=values['max_camera_skew_sec'],
                           max_joint_state_age_sec=values['max_joint_state_age_sec'],
                           default_instruction=values['instruction'], camera_clock=values['camera_clock'],
+                          joint_state_clock=values['joint_state_clock'],
                           sim_time=bool(values.get('use_sim_time', False)))
     return TickSettings(layout=layout, limits=limits, joint_names=tuple(values['joint_names']),
                         action_period_sec=values['action_period_sec'], execute_steps=values['execute_steps'],

@@ -120,10 +120,12 @@ def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
 
 
 def camera_clock_summary(stats: TickStats, values: Mapping[str, Any]) -> Dict[str, Any]:
-    """The camera_clock parameter, the clock the observations were timed in (counts) and why (the latest)."""
+    """The camera_clock parameter, the clock the observations were timed in (counts) and why (the latest), and
+    per input the stamp clock jumps and the messages set aside as outliers (stamp_clock.py)."""
     latest = stats.camera_clock
     return {'setting': values.get('camera_clock', 'auto'), 'observations': dict(sorted(stats.camera_clocks.items())),
-            'used': latest.name if latest else None, 'reason': latest.reason if latest else None}
+            'used': latest.name if latest else None, 'reason': latest.reason if latest else None,
+            'jumps': dict(sorted(stats.clock_jumps.items())), 'outliers': dict(sorted(stats.clock_outliers.items()))}
 
 
 def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> Dict[str, Any]:
