@@ -41,7 +41,8 @@ for _path in (ROOT, ROOT / 'test'):
         sys.path.insert(0, str(_path))
 
 from vla_policy_node.policy import gemma, layers  # noqa: E402
-from vla_policy_node.policy.families.pi0.config import GEMMA_VARIANTS, PALIGEMMA_TYPES, preset  # noqa: E402
+from vla_policy_node.policy.families import family_class  # noqa: E402
+from vla_policy_node.policy.families.pi0.config import GEMMA_VARIANTS  # noqa: E402
 from vla_policy_node.policy.siglip import VisionSize  # noqa: E402
 from vla_policy_node.policy.families.pi0.model import PiZeroModel  # noqa: E402
 import test_model_parity as parity  # noqa: E402  (test/ is on sys.path)
@@ -54,8 +55,8 @@ def deep_config(policy_type: str, depth: int, cameras: int, width_scale: int = 1
     size = dataclasses.replace(size, depth=depth, width=size.width // width_scale,
                                mlp_dim=size.mlp_dim // width_scale)
     names = ('base_0_rgb', 'left_wrist_0_rgb', 'right_wrist_0_rgb')[:cameras]
-    return preset(policy_type, policy_type=policy_type, vision=SMALL_VISION, language=size, expert=size,
-                  vocab_size=4096, camera_names=names)
+    return dataclasses.replace(family_class(policy_type).preset(policy_type), vision=SMALL_VISION, language=size,
+                               expert=size, vocab_size=4096, camera_names=names)
 
 
 def randomize(model: torch.nn.Module, seed: int, init: str = 'scaled') -> None:
@@ -194,7 +195,7 @@ def fixed_stages(model: PiZeroModel, state: torch.Tensor, steps: int) -> Dict[st
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--type', default=PALIGEMMA_TYPES[0], choices=PALIGEMMA_TYPES)   # what PiZeroModel runs
+    parser.add_argument('--type', default='pi0', choices=('pi0', 'pi05'))   # the PaliGemma types PiZeroModel runs
     parser.add_argument('--depth', type=int, default=18)
     parser.add_argument('--cameras', type=int, default=2)
     parser.add_argument('--steps', type=int, default=10)
@@ -270,8 +271,8 @@ def main(argv=None) -> int:
                         print(f'  seed {seed}, {name}: prefix K/V and step-0 expert hidden per layer, '
                               'mean |bf16 - fp32|')
                         for i in range(config.language.depth):
-                            print(f'    layer {i:2d}: K {error(context.kv[i, 0], context32.kv[i, 0])[1]:.2e} '
-                                  f'V {error(context.kv[i, 1], context32.kv[i, 1])[1]:.2e} '
+                            print(f'    layer {i:2d}: K {error(context["kv"][i, 0], context32["kv"][i, 0])[1]:.2e} '
+                                  f'V {error(context["kv"][i, 1], context32["kv"][i, 1])[1]:.2e} '
                                   f'hidden {error(hidden[i], hidden32[i])[1]:.2e}')
             if recipe:
                 if args.per_layer:

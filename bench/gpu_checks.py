@@ -153,12 +153,12 @@ def check_family(checks: Checks, folder: Path, device: str, dtype: str, chunks: 
         checks.check(f'hit == miss ({mode})', hit.cache_hit and np.array_equal(hit.actions, miss.actions))
     runtime.cache.clear()                                               # the stored prefix after 100 chunks
     first = runtime.infer(obs_a, seed=3)
-    stored = runtime.cache.get(first.key).kv.clone()
+    stored = runtime.cache.get(first.key)['kv'].clone()
     mode_list = list(modes.values())
     for i in range(chunks):
         runtime.infer(obs_a, seed=i, **mode_list[i % len(mode_list)])
     checks.check(f'the stored prefix untouched after {chunks} chunks',
-                 torch.equal(stored, runtime.cache.get(first.key).kv))
+                 torch.equal(stored, runtime.cache.get(first.key)['kv']))
     ok = True                                                           # A/B/A/B through the workspace
     for name, obs in (('A', obs_a), ('B', obs_b), ('A', obs_a), ('B', obs_b)):
         for mode, extra in modes.items():

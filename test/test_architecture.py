@@ -399,26 +399,50 @@ def registered_families():
     return [family_class(type_name) for type_name in known_types()]
 
 
+def declarations():
+    """(base, what it declares for a subclass to give): the abstract members (``__abstractmethods__``) and, for
+    the family, the class attributes declared without a value, read from policy/family.py's classes."""
+    from vla_policy_node.policy.family import PolicyFamily, PolicyLevelConfig, PolicyModel, required_class_attributes
+    return [(PolicyFamily, PolicyFamily.__abstractmethods__ | required_class_attributes(PolicyFamily)),
+            (PolicyModel, PolicyModel.__abstractmethods__), (PolicyLevelConfig, PolicyLevelConfig.__abstractmethods__)]
+
+
 @pytest.mark.parametrize('family', registered_families(), ids=lambda family: family.type_name)
 def test_every_family_implements_the_declared_interface(family):
-    """What policy/family.py declares and leaves to the family is implemented, on the family and on its model."""
-    from vla_policy_node.policy.family import PolicyFamily, PolicyModel
-
-    class_level = ('parse_config', 'load_checkpoint', 'save_checkpoint', 'tiny_config', 'build_test_tokenizer',
-                   'tokenizer_source', 'preset', 'stage_flops')
-    missing = [name for name in class_level + ('prompt_tokens', 'image_to_model')
-               if getattr(family, name) is getattr(PolicyFamily, name, None)]
-    assert not missing, f'{family.__name__} leaves {missing} to the base class'
-    assert family.model_class is not None and issubclass(family.model_class, PolicyModel)
-    model_calls = ('fill_prefix', 'workspace_spec', 'chunk_setup', 'euler_loop')
-    assert not [name for name in model_calls if getattr(family.model_class, name) is getattr(PolicyModel, name)]
-    assert family.tokenizer_class is not None and family.tokenizer_hint and family.preset_names
+    """What policy/family.py declares is implemented by the family, its model and its config (read from the
+    classes, so a member added there is checked here without a list to update), and the class-level calls
+    answer."""
     config = family.tiny_config()
+    for (base, declared), cls in zip(declarations(), (family, family.model_class, type(config))):
+        assert declared and issubclass(cls, base) and not cls.__abstractmethods__, (cls, cls.__abstractmethods__)
+        assert all(getattr(cls, name, None) is not None for name in declared)
     assert config.policy_type == family.type_name
     flops = family.stage_flops(config, 3)
     assert set(flops) == {'prefix', 'denoise'} and min(flops.values()) > 0
     source = family.tokenizer_source(config)
     assert source.file_name in ('tokenizer.model', 'tokenizer.json') and source.hub_name
+
+
+@pytest.mark.parametrize('which', ['family', 'model', 'config'])
+def test_a_class_missing_a_declared_member_fails_where_it_is_defined(which):
+    """Every declared member, taken away from a working subclass one at a time, makes the class statement
+    itself a TypeError naming it (the registry calls classmethods on classes it never instantiates)."""
+    from vla_policy_node.policy.families import family_class
+    family = family_class(registered_families()[0].type_name)
+    base, declared = dict(zip(('family', 'model', 'config'), declarations()))[which]
+    working = {'family': family, 'model': family.model_class, 'config': type(family.tiny_config())}[which]
+    type('StillWhole', (working,), {})                                  # the working class subclasses fine
+    type('OnPurpose', (base,), {}, abstract=True)                       # an abstract base on purpose too
+    for name in sorted(declared):
+        stub = vars(base).get(name)                                     # the abstract stub, or no value at all
+        with pytest.raises(TypeError, match=f'does not implement.*{name}'):
+            type('Missing', (working,), {name: stub})
+
+
+def test_a_family_with_a_model_that_is_no_policy_model_is_refused():
+    family = registered_families()[0]
+    with pytest.raises(TypeError, match='model_class must be a PolicyModel'):
+        type('Wrong', (family,), {'model_class': dict})
 
 
 def test_presets_are_unique_across_the_registry_and_each_builds():
@@ -448,3 +472,17 @@ def test_an_option_no_family_knows_is_refused_as_unknown(tmp_path):
         PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32', cache_max_byte=1 << 20)
     with pytest.raises(ValueError, match="unknown options 'a_b', 'z'"):
         load_policy(folder, torch.device('cpu'), torch.float32, z=False, a_b=1)
+
+
+def test_a_remote_policy_offers_the_policy_level_fields_from_the_one_declaration():
+    """RemoteConfig is a PolicyLevelFields (no field copied by hand): every field the tick and the parameter
+    table read, with the robot's dimensions unpadded and the whole chunk executable."""
+    import dataclasses
+
+    from vla_policy_node.policy.family import PolicyLevelFields
+    from vla_policy_node.remote_settings import RemoteConfig
+    config = RemoteConfig(camera_names=('top',), state_dim=7, action_dim=6, chunk_size=30)
+    assert isinstance(config, PolicyLevelFields)
+    assert {f.name for f in dataclasses.fields(PolicyLevelFields)} <= {f.name for f in dataclasses.fields(config)}
+    assert (config.max_state_dim, config.max_action_dim, config.n_action_steps) == (7, 6, 30)
+    assert config.all_camera_names == ('top',) and config.policy_level_problems() is None

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import websockets.sync.client as sync_client
 
+from runtime_fixtures import spy_batch_sizes
 from vla_policy_node.observation import Observation, ObservationError
 from vla_policy_node.policy.families import family_class, known_types
 from vla_policy_node.policy.rtc import RTCSettings
@@ -86,6 +87,7 @@ def test_a_batch_gives_every_robot_its_own_chunk_for_every_family(checkpoint):
     lengths = {len(batched._prepare(obs).tokens) for obs, _ in items}
     assert len(lengths) > 1, 'the fleet must batch prefixes of different lengths'
     expected = [alone.infer(obs, **options) for obs, options in items]
+    fills, loops = spy_batch_sizes(batched.policy)
     for round_ in ('misses', 'hits'):
         chunks = infer_batch(batched, items)
         for robot, (chunk, own) in enumerate(zip(chunks, expected)):
@@ -93,6 +95,8 @@ def test_a_batch_gives_every_robot_its_own_chunk_for_every_family(checkpoint):
             assert chunk.cache_hit == (round_ == 'hits'), (round_, robot)
             np.testing.assert_allclose(chunk.actions, own.actions, rtol=0, atol=TOLERANCE, err_msg=f'robot {robot}')
             assert chunk.num_steps == own.num_steps and chunk.continued == own.continued
+    # Misses of one prompt length share a fill; each step count and RTC mode one loop (no robot ran alone).
+    assert sum(fills) == len(items) - 1 and max(fills) > 1 and min(loops) > 1 and sum(loops) == 2 * len(items)
     # Robot 6 sent robot 0's observation: one prefix, yet its own noise and leftover, so its own actions.
     assert chunks[6].key == chunks[0].key
     assert np.abs(chunks[6].actions - chunks[0].actions).max() > 100 * TOLERANCE

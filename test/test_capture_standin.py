@@ -222,7 +222,7 @@ def test_every_family_and_precision_captures_every_shape_and_replays_the_eager_a
     with caplog.at_level(logging.WARNING):
         graphs.warmup()                                   # cuda_graphs 'on': any violation raises here
     assert not standin.violations and not caplog.records
-    modes = len(chunking_modes(graphs.config))
+    modes = len(chunking_modes(graphs.config, graphs.policy.capabilities.rtc_modes))
     figures = graphs.fast_path_summary()
     assert figures['prefix_graphs'] == len(buckets), 'a prefix graph per bucket'
     assert figures['graphs_cached'] == len(buckets) * modes, 'a denoise graph per bucket and chunking mode'

@@ -18,7 +18,7 @@ from vla_policy_node.fast_path import (NOT_CAPTURED, TOO_LARGE, CapturedGraph, E
                                        tree_nbytes)
 from vla_policy_node.graph_capture import GraphCapturer, failure_reason, pool_reserved_bytes
 from vla_policy_node.params import problems, resolve_values
-from vla_policy_node.policy.families.pi0.config import preset
+from vla_policy_node.policy.families import family_class
 from vla_policy_node.policy.families.pi0.model import PiZeroModel
 from vla_policy_node.policy.rtc import RTCSettings
 from vla_policy_node.policy.tiny_default import write_tiny_default
@@ -30,8 +30,8 @@ PROMPT = 12
 
 
 def tiny_model(policy_type: str) -> PiZeroModel:
-    config = preset('tiny', policy_type=policy_type, tokenizer_max_length=PROMPT, chunk_size=6, n_action_steps=6,
-                    rtc_training_max_delay=3)
+    config = family_class(policy_type).tiny_config(tokenizer_max_length=PROMPT, chunk_size=6, n_action_steps=6,
+                                                   rtc_training_max_delay=3)
     model = PiZeroModel(config).eval()
     generator = torch.Generator().manual_seed(11)
     with torch.no_grad():
@@ -115,13 +115,13 @@ def test_static_workspace_is_bit_identical_to_the_denoise(model, kind, valid_tok
     assert len(ids) == bucket
     with torch.no_grad():
         context = model.fill_prefix(images, image_masks, torch.from_numpy(ids)[None], torch.from_numpy(mask)[None])
-    kv = context.kv.clone()
+    kv = context['kv'].clone()
     state, noise, leftover = chunk_inputs(config, 0)
     fast = StaticDenoiser(model, family_name=config.policy_type, graphs=False)
     expected = model.denoise(context, state, noise, 3, **continuation(kind, leftover))
     got = fast.denoise(context, EntryToken('a', 1), state, noise, 3, **continuation(kind, leftover))
     assert torch.equal(got, expected)
-    assert torch.equal(context.kv, kv), 'the entry must never be written'
+    assert torch.equal(context['kv'], kv), 'the entry must never be written'
     # The same entry again: no copy, same actions.
     again = fast.denoise(context, EntryToken('a', 1), state, noise, 3, **continuation(kind, leftover))
     assert torch.equal(again, expected) and fast.describe()['workspace_copies'] == 1
@@ -267,11 +267,11 @@ def test_prefix_graph_output_is_copied_into_a_fresh_context(standin, model):
         expected = [model.fill_prefix(*first_inputs), model.fill_prefix(*second_inputs)]
         with capture_window([graphs], strict=True):
             first = graphs.fill_prefix(*first_inputs)
-        first_kv = first.kv.clone()
+        first_kv = first['kv'].clone()
         second = graphs.fill_prefix(*second_inputs)
-    assert torch.equal(first.kv, expected[0].kv) and torch.equal(second.kv, expected[1].kv)
-    assert torch.equal(first.kv, first_kv), 'a later replay must not overwrite an earlier entry'
-    assert torch.equal(first.pad_mask, expected[0].pad_mask)
+    assert torch.equal(first['kv'], expected[0]['kv']) and torch.equal(second['kv'], expected[1]['kv'])
+    assert torch.equal(first['kv'], first_kv), 'a later replay must not overwrite an earlier entry'
+    assert torch.equal(first['pad_mask'], expected[0]['pad_mask'])
     assert len(graphs.cache) == 1 and graphs.replays == 2
 
 
@@ -500,7 +500,8 @@ def test_warm_up_captures_every_bucket_and_mode_and_a_tick_never_captures(standi
                                             cuda_graphs='auto', prompt_buckets=buckets)
     runtime.warmup()
     figures = runtime.fast_path_summary()
-    assert figures['prefix_graphs'] == 3 and figures['graphs_cached'] == 3 * len(chunking_modes(runtime.config))
+    modes = chunking_modes(runtime.config, runtime.policy.capabilities.rtc_modes)
+    assert figures['prefix_graphs'] == 3 and figures['graphs_cached'] == 3 * len(modes)
     captures = standin.captures
     for steps in (runtime.num_steps, 4, 4):             # 4 steps: a shape warm-up did not capture (a live change)
         for instruction in ('pick', 'pick up the red cube and put it in the box'):

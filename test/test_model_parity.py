@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip('transformers')
 
-from vla_policy_node.policy.families.pi0.config import preset  # noqa: E402
+from vla_policy_node.policy.families import family_class  # noqa: E402
 from vla_policy_node.policy.gemma import GemmaSize  # noqa: E402
 from vla_policy_node.policy.siglip import VisionSize  # noqa: E402
 from vla_policy_node.policy.gemma import GemmaStack  # noqa: E402
@@ -329,7 +329,7 @@ def ref_sample_actions(model, images, image_masks, tokens, token_masks, state, n
 
 @pytest.fixture(params=['pi0', 'pi05'])
 def tiny_model(request):
-    config = preset('tiny', policy_type=request.param, tokenizer_max_length=12, chunk_size=6, n_action_steps=6)
+    config = family_class(request.param).tiny_config(tokenizer_max_length=12, chunk_size=6, n_action_steps=6)
     torch.manual_seed(0)
     model = PiZeroModel(config).eval()
     randomize_(model, seed=11, scale=0.15)
@@ -396,10 +396,10 @@ def test_denoise_leaves_the_context_untouched_and_is_repeatable(tiny_model):
     images, image_masks, tokens, token_masks, state, noise = model_inputs(config)
     with torch.no_grad():
         context = tiny_model.fill_prefix(images, image_masks, tokens, token_masks)
-        kv, pad = context.kv.clone(), context.pad_mask.clone()
+        kv, pad = context['kv'].clone(), context['pad_mask'].clone()
         first = tiny_model.denoise(context, state, noise, 3)
         second = tiny_model.denoise(context, state, noise, 3)
-    assert torch.equal(context.kv, kv) and torch.equal(context.pad_mask, pad)
+    assert torch.equal(context['kv'], kv) and torch.equal(context['pad_mask'], pad)
     assert torch.equal(first, second)
     assert context.prefix_len == config.prefix_len
 
@@ -467,8 +467,9 @@ def bf16_error_samples(policy_type: str, randomize, variants=()) -> dict:
     (ref_sample_actions on the bf16-cast model: lerobot's bf16) and each of ``variants`` (BF16_VARIANTS' names),
     on BF16_MODELS deep models initialised by ``randomize(model, seed)``; 'fp32 scale' is mean |action| in fp32
     (twice)."""
-    config = dataclasses.replace(preset('tiny', policy_type=policy_type, tokenizer_max_length=12, chunk_size=6,
-                                        n_action_steps=6), language=BF16_LANGUAGE, expert=BF16_EXPERT)
+    config = dataclasses.replace(family_class(policy_type).tiny_config(tokenizer_max_length=12, chunk_size=6,
+                                                                       n_action_steps=6),
+                                 language=BF16_LANGUAGE, expert=BF16_EXPERT)
     names = ('ours', 'recipe', 'fp32 scale') + tuple(variants)
     samples = {name: torch.zeros(BF16_MODELS, 2, dtype=torch.float64) for name in names}
     for seed in range(BF16_MODELS):

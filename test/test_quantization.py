@@ -89,8 +89,7 @@ def _deep_model(seed: int = 0) -> PiZeroModel:
     """pi0 with 8-layer streams at 1/4 of gemma_300m's widths, weights at 1/sqrt(fan_in) (bench/quant_accuracy.py
     runs the full widths)."""
     size = GemmaSize(width=256, depth=8, mlp_dim=1024, num_heads=4, num_kv_heads=1, head_dim=64)
-    config = preset('pi0', policy_type='pi0', vision=VisionSize(width=64, depth=2, mlp_dim=128, num_heads=2,
-                                                                patch_size=14),
+    config = preset('pi0', vision=VisionSize(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=14),
                     language=size, expert=size, vocab_size=512, camera_names=('base_0_rgb', 'left_wrist_0_rgb'))
     torch.manual_seed(0)
     model = PiZeroModel(config).eval()

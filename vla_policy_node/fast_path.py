@@ -1,14 +1,15 @@
-"""The GPU fast path: a static K/V workspace, the whole denoise loop as one CUDA graph, the prefix as a
+"""The GPU fast path: a static workspace, the whole denoise loop as one CUDA graph, the prefix as a
 graph, prompt-length buckets. Runtime-side and family-agnostic.
 
 A family supplies three calls (declared by policy/family.py, PolicyModel and PolicyFamily; the seam in
 docs/architecture.md):
 
     workspace_spec(context) -> ((prefix tensor [.., P, D], full length), ...)
-        the K/V workspaces its loop reads: each is a prefix tensor of the entry (the K/V, or one of the
-        family's named extra tensors) extended along the token axis to the full length.
+        the workspaces its loop reads: each is one of the entry's named tensors (a K/V prefix, projected
+        cross K/V, ...) extended along its token axis (the one before last) to the full length; a family
+        whose loop only reads its context gives none.
     chunk_setup(context, state, noise, num_steps, *, rtc keywords, workspace=buffers) -> chunk
-        per chunk, eager: the state part of the K/V workspace, the suffix layout, the time terms, the RTC
+        per chunk, eager: the state part of the workspace, the suffix layout, the time terms, the RTC
         guide. ``workspace`` are buffers this module owns whose prefix parts already hold the entry's.
     euler_loop(chunk) -> actions [B, H, A] fp32
         every Euler step (and the closed-form RTC guidance) from the chunk's tensors only: no host sync,
@@ -16,18 +17,19 @@ docs/architecture.md):
 
 This module owns the buffers, the capture and the replay, one job each:
 
-- ``StaticWorkspace``: the K/V workspace at one prefix length (bucket) with its pad mask; the entry's
-  K/V is copied in only when the workspace does not already hold that entry, decided by an
-  ``EntryToken`` (cache key + generation counter), never by ``id()``.
-- ``tree_signature`` / ``tree_clone`` / ``tree_copy_``: a chunk (dataclasses, lists, dicts, tensors) as static
-  inputs: cloned once at capture, copied into on every replay (noise, state part, RTC leftover and weights).
+- ``StaticWorkspace``: the workspaces at one prefix length (bucket); the entry's tensors are copied in
+  only when the workspace does not already hold that entry, decided by an ``EntryToken`` (cache key +
+  generation counter), never by ``id()``.
+- ``tree_signature`` / ``tree_clone`` / ``tree_copy_``: a chunk (dataclasses, lists, dicts, tensors, contexts)
+  as static inputs: cloned once at capture, copied into on every replay (noise, state part, RTC leftover and weights).
 - ``GraphCache``: captured graphs, LRU, bounded by count and by bytes: every graph's private pool and
   static inputs plus the static workspaces (once each), one budget for the denoise and the prefix.
 - ``StaticDenoiser``: the denoise through the workspace; ``graphs=False`` runs the very code a graph
   replays eagerly (the CPU path and the tests), ``graphs=True`` replays one graph per (family,
   cameras, bucket, num_steps, chunking mode, dtype).
-- ``PrefixGraphs``: fill_prefix as a graph per (cameras, bucket); every replay's output is copied into a
-  fresh context, so no cache entry is ever graph-owned memory.
+- ``PrefixGraphs``: fill_prefix over the family's prefix inputs as a graph per input shape (families whose
+  capabilities say the prefix is capturable); every replay's output is copied into a fresh context, so no
+  cache entry is ever graph-owned memory.
 - Graphs are captured only inside ``capture_window``, which the warm-up opens (runtime/warmup.py: every
   bucket, every chunking mode); a tick never captures. A shape without a graph runs eagerly, counted per
   reason (not captured at warm-up, capture failed: its cause, evicted, larger than the budget) for
@@ -82,17 +84,9 @@ def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
 
 
 def denoise_program(policy: Any) -> Optional[Any]:
-    """What of a loaded family runs the static-workspace loop: the object offering ``workspace_spec``,
-    ``chunk_setup(..., workspace=)`` and ``euler_loop`` (a PolicyFamily declares the three, delegating to its
-    model; a bare model offers them too), or None when the family says its denoise is not capturable
-    (``capturable_denoise`` False: it then runs eagerly)."""
-    if getattr(policy, 'capturable_denoise', True) is False:
-        return None
-    for candidate in (policy, getattr(policy, 'model', None)):
-        if candidate is not None and all(callable(getattr(candidate, name, None))
-                                         for name in ('workspace_spec', 'chunk_setup', 'euler_loop')):
-            return candidate
-    return None
+    """The loaded family (policy/family.py PolicyFamily: ``workspace_spec``, ``chunk_setup(..., workspace=)``,
+    ``euler_loop``) when its capabilities say the loop is capturable, else None (it then runs eagerly)."""
+    return policy if policy.capabilities.capturable_denoise else None
 
 
 # ---- prompt-length buckets ------------------------------------------------------------------------------
@@ -130,6 +124,8 @@ def tree_signature(obj: Any) -> Hashable:
     """What a graph captured on ``obj`` depends on: structure, tensor shapes/dtypes/devices, plain values."""
     if isinstance(obj, torch.Tensor):
         return ('tensor', tuple(obj.shape), str(obj.dtype), str(obj.device))
+    if isinstance(obj, PrefixContext):
+        return ('context',) + tuple((name, tree_signature(tensor)) for name, tensor in obj.items())
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, (list, tuple)):
@@ -146,6 +142,8 @@ def tree_clone(obj: Any, keep: Tuple[torch.Tensor, ...] = ()) -> Any:
     """A copy of ``obj`` with every tensor cloned (fresh storage), except the tensors in ``keep`` (by object)."""
     if isinstance(obj, torch.Tensor):
         return obj if any(obj is kept for kept in keep) else obj.clone()
+    if isinstance(obj, PrefixContext):
+        return obj.map(lambda tensor: tree_clone(tensor, keep))
     if isinstance(obj, list):
         return [tree_clone(item, keep) for item in obj]
     if isinstance(obj, tuple):
@@ -166,7 +164,7 @@ def tree_copy_(dst: Any, src: Any) -> None:
     elif isinstance(dst, (list, tuple)):
         for d, s in zip(dst, src):
             tree_copy_(d, s)
-    elif isinstance(dst, dict):
+    elif isinstance(dst, (dict, PrefixContext)):
         for key, value in dst.items():
             tree_copy_(value, src[key])
     elif dataclasses.is_dataclass(dst):
@@ -190,7 +188,7 @@ def _tree_tensors(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for item in obj:
             yield from _tree_tensors(item)
-    elif isinstance(obj, dict):
+    elif isinstance(obj, (dict, PrefixContext)):
         for value in obj.values():
             yield from _tree_tensors(value)
     elif dataclasses.is_dataclass(obj):
@@ -242,34 +240,30 @@ class Generations:
 
 
 class StaticWorkspace:
-    """The K/V buffers a family's loop reads (``workspace_spec``) at one prefix length P (a bucket), with the
-    entry's pad mask [B, P].
+    """The buffers a family's loop reads (``workspace_spec``) at one prefix length P (a bucket).
 
-    ``load(context, token)`` copies the entry's prefix tensors and pad mask into the prefix parts unless the
-    workspace already holds that entry (same token). The rest of each buffer is the family's (state token,
-    action tokens), written per chunk or per step.
+    ``load(spec, token)`` copies the entry's prefix tensors into the prefix parts unless the workspace already
+    holds that entry (same token). The rest of each buffer is the family's (state token, action tokens),
+    written per chunk or per step.
     """
 
-    def __init__(self, spec: Sequence[Tuple[torch.Tensor, int]], pad_mask: torch.Tensor) -> None:
-        self.prefix_len = int(pad_mask.shape[1])
+    def __init__(self, spec: Sequence[Tuple[torch.Tensor, int]]) -> None:
         self.buffers: Tuple[torch.Tensor, ...] = tuple(
             source.new_zeros(*source.shape[:-2], int(length), source.shape[-1]) for source, length in spec)
-        self.pad_mask = torch.zeros_like(pad_mask)
         self.resident: Optional[EntryToken] = None
         self.copies = 0
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers) + self.pad_mask.numel()
+        return sum(b.numel() * b.element_size() for b in self.buffers)
 
-    def load(self, spec: Sequence[Tuple[torch.Tensor, int]], pad_mask: torch.Tensor, token: EntryToken) -> bool:
+    def load(self, spec: Sequence[Tuple[torch.Tensor, int]], token: EntryToken) -> bool:
         """Make the prefix parts hold the entry ``spec`` describes; returns whether a copy was needed."""
         if self.resident == token:
             return False
         self.resident = None                     # a failed copy leaves nothing claimed
         for buffer, (source, _) in zip(self.buffers, spec):
             buffer[..., :source.shape[-2], :].copy_(source)
-        self.pad_mask.copy_(pad_mask)
         self.resident = token
         self.copies += 1
         return True
@@ -421,7 +415,7 @@ class _GraphRunner:
 # ---- the denoise ------------------------------------------------------------------------------------------
 
 class StaticDenoiser(_GraphRunner):
-    """The denoise through a static K/V workspace, eagerly (``graphs=False``) or as replayed CUDA graphs.
+    """The denoise through a static workspace, eagerly (``graphs=False``) or as replayed CUDA graphs.
 
     ``family``: what ``denoise_program`` returns (``workspace_spec``, ``chunk_setup(..., workspace=)``,
     ``euler_loop``, a ``config``); ``family_name`` and the camera count go into the graph key.
@@ -445,28 +439,29 @@ class StaticDenoiser(_GraphRunner):
         """The static workspaces' bytes, each once (every graph of a bucket reads the same one)."""
         return sum(workspace.nbytes for workspace in self.workspaces.values())
 
-    def workspace_for(self, spec: Sequence[Tuple[torch.Tensor, int]], context: PrefixContext) -> StaticWorkspace:
+    def workspace_for(self, spec: Sequence[Tuple[torch.Tensor, int]]) -> StaticWorkspace:
         """One workspace per shape (prefix length, batch, dtype, device): a bucket has one, shared by its graphs."""
         key = tuple((tuple(source.shape), int(length), str(source.dtype), str(source.device))
                     for source, length in spec)
         workspace = self.workspaces.get(key)
         if workspace is None:
-            workspace = StaticWorkspace(spec, context.pad_mask)
+            workspace = StaticWorkspace(spec)
             self.workspaces[key] = workspace
         return workspace
 
     def graph_key(self, context: PrefixContext, chunk: Any) -> Hashable:
-        """(family, cameras, bucket, num_steps, chunking mode, dtype) - the chunk's signature holds the last
-        four (prefix length, num_steps, guide structure, tensor dtypes) and everything else a graph bakes in."""
-        cameras = len(getattr(self.family.config, 'all_camera_names', ()))
-        return (self.family_name, cameras, context.prefix_len, str(context.kv.dtype), tree_signature(chunk))
+        """(family, cameras, bucket, the context's dtypes, the chunk's signature: num_steps, chunking mode, tensor
+        shapes and dtypes and everything else a graph bakes in)."""
+        cameras = len(self.family.config.all_camera_names)
+        dtypes = '/'.join(sorted({str(tensor.dtype).replace('torch.', '') for tensor in context.values()}))
+        return (self.family_name, cameras, context.prefix_len, dtypes, tree_signature(chunk))
 
     def denoise(self, context: PrefixContext, token: EntryToken, state: Optional[torch.Tensor],
                 noise: torch.Tensor, num_steps: int, **continuation: Any) -> torch.Tensor:
         """Normalised actions [B, H, A] fp32, as ``family.denoise`` gives them (bit for bit, eagerly)."""
         spec = self.family.workspace_spec(context)
-        workspace = self.workspace_for(spec, context)
-        workspace.load(spec, context.pad_mask, token)
+        workspace = self.workspace_for(spec)
+        workspace.load(spec, token)
         chunk = self.family.chunk_setup(context, state, noise, num_steps, workspace=workspace.buffers,
                                         **continuation)
         entry = self.graph_for(self.graph_key(context, chunk), self._loop, chunk, workspace.buffers) \
@@ -492,16 +487,10 @@ class StaticDenoiser(_GraphRunner):
 
 # ---- the prefix ---------------------------------------------------------------------------------------------
 
-@dataclass
-class PrefixInputs:
-    images: torch.Tensor
-    image_masks: torch.Tensor
-    tokens: torch.Tensor
-    token_masks: torch.Tensor
-
-
 class PrefixGraphs(_GraphRunner):
-    """fill_prefix as one graph per (cameras, bucket, batch); the output is cloned into a fresh context."""
+    """fill_prefix over the family's prefix inputs (PolicyFamily.prefix_inputs: a tuple of tensors), one graph
+    per input signature; the output is cloned into a fresh context. ``graphs`` False (the runtime's choice for
+    a family whose capabilities say its prefix is not capturable): the family's fill_prefix, eagerly."""
 
     what = 'prefix'
 
@@ -509,19 +498,18 @@ class PrefixGraphs(_GraphRunner):
                  max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES, capturer: Optional[GraphCapturer] = None) -> None:
         super().__init__(family, graphs, strict, max_graphs, max_graph_bytes, capturer)
 
-    def _fill(self, inputs: PrefixInputs) -> PrefixContext:
-        return self.family.fill_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+    def _fill(self, inputs: Tuple[torch.Tensor, ...]) -> PrefixContext:
+        return self.family.fill_prefix(*inputs)
 
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        inputs = PrefixInputs(images, image_masks, tokens, token_masks)
+    def fill_prefix(self, *inputs: torch.Tensor) -> PrefixContext:
         entry = self.graph_for(tree_signature(inputs), self._fill, inputs) if self.graphs else None
         if entry is None:
             return self._fill(inputs)
         return tree_clone(self.replay(entry, inputs))          # never graph-owned memory in the cache
 
     def shape_name(self, key: Hashable, inputs: Any) -> str:
-        return f'bucket {inputs.tokens.shape[-1]}, {inputs.images.shape[1]} cameras, {inputs.images.dtype}'
+        return 'inputs ' + ', '.join(f'{list(tensor.shape)} {str(tensor.dtype).replace("torch.", "")}'
+                                     for tensor in inputs)
 
     def describe(self) -> Dict[str, Any]:
         return {'prefix_graphs': len(self.cache), 'prefix_graph_bytes': self.cache.bytes,
@@ -533,14 +521,16 @@ class PrefixGraphs(_GraphRunner):
 
 def build_fast_path(program: Any, policy: Any, *, family_name: str, graphs: bool, device: torch.device,
                     max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES,
-                    compile_loop: bool = False) -> Tuple[StaticDenoiser, PrefixGraphs]:
+                    compile_loop: bool = False, prefix_graphs: bool = True) -> Tuple[StaticDenoiser, PrefixGraphs]:
     """The denoise and prefix runners of one runtime, capturing on ``device`` and sharing one byte budget:
-    ``max_graph_bytes`` bounds every graph's pool and static inputs and the static workspaces, together."""
+    ``max_graph_bytes`` bounds every graph's pool and static inputs and the static workspaces, together.
+    ``prefix_graphs`` False (a family whose capabilities say its prefix is not capturable): the prefix runs
+    eagerly even with graphs."""
     capturer = GraphCapturer(device)
     denoiser = StaticDenoiser(program, family_name=family_name, graphs=graphs, max_graphs=max_graphs,
                               max_graph_bytes=max_graph_bytes, compile_loop=compile_loop, capturer=capturer)
-    prefix = PrefixGraphs(policy, graphs=graphs, max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
-                          capturer=capturer)
+    prefix = PrefixGraphs(policy, graphs=graphs and prefix_graphs, max_graphs=max_graphs,
+                          max_graph_bytes=max_graph_bytes, capturer=capturer)
     denoiser.cache.held = lambda: denoiser.workspace_bytes + prefix.cache.bytes
     prefix.cache.held = lambda: denoiser.workspace_bytes + denoiser.cache.bytes
     return denoiser, prefix

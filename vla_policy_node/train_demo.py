@@ -230,7 +230,7 @@ def train(output: Path, bag: Optional[Path] = None, seed: int = DEFAULT_SEED, st
           progress: bool = True, command: Optional[str] = None) -> TrainResult:
     """Fit the tiny pi0 to ``bag`` (default: the demo's sample bag, written to a scratch folder) and write
     the checkpoint to ``output``. Deterministic for a seed; one torch thread."""
-    config = preset('tiny', policy_type='pi0')
+    config = preset('tiny')
     output = Path(output)
     threads = torch.get_num_threads()
     rng_state = torch.random.get_rng_state()

@@ -381,7 +381,7 @@ def keep_fp32(name: str, compute_dtype: torch.dtype, markers: Sequence[str]) -> 
 
 class MixedPrecisionPolicy(nn.Module):
     """A policy model that computes in ``compute_dtype`` but keeps the parameters its ``param_dtype`` names
-    in fp32 (subclasses set ``fp32_markers``); its device is that of its ``action_in_proj``."""
+    in fp32 (subclasses set ``fp32_markers``)."""
 
     fp32_markers: Tuple[str, ...] = ()
 
@@ -393,7 +393,3 @@ class MixedPrecisionPolicy(nn.Module):
         for name, param in self.named_parameters():
             param.data = param.data.to(self.param_dtype(name, dtype))
         return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.action_in_proj.weight.device

@@ -50,7 +50,7 @@ _TINY = 1e-12       # floor of a scale: an all-zero row or token quantizes to ze
 # bench switches these to measure them, the node never does).
 INT8_GROUP = 64
 INT8_SCALE_DTYPE = torch.bfloat16
-KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` module (the families name it)
+KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` (policy/family.py PolicyModel declares it)
 KEEP_SHARED_KV = True         # k/v projections narrower than their q (grouped-query attention)
 KEEP_ATTENTION_OUTPUT = True  # the attention output projections (o_proj) of the Gemma / Llama blocks
 
@@ -263,9 +263,8 @@ def kept_in_compute_dtype(model: nn.Module, mode: str) -> FrozenSet[str]:
     if mode != 'int8_weights':
         return frozenset()
     names = set()
-    expert = getattr(model, 'action_expert', None)
-    if KEEP_ACTION_EXPERT and isinstance(expert, nn.Module):
-        inside = {id(module) for module in expert.modules()}
+    if KEEP_ACTION_EXPERT:
+        inside = {id(module) for module in model.action_expert.modules()}   # policy/family.py PolicyModel
         names.update(name for name, module in model.named_modules() if id(module) in inside)
     for name, module in model.named_modules():
         parent_name, _, child = name.rpartition('.')

@@ -2,22 +2,23 @@
 
     per robot   prepare -> denoise inputs -> key -> cache lookup: PolicyRuntime's own steps, so a bad request
                 fails alone with the error its own ``infer`` would raise
-    misses      frames decoded and scaled per robot; one fill_prefix per prompt length over the distinct keys
-                (robots sending the same frames and prompt share one fill), split into one entry per key, stored
-    denoise     robots grouped by step count and RTC mode; a group's prefixes padded along the token axis to the
-                longest (pad mask False there, so no query attends to the padding; positions count valid tokens
-                only) and stacked on the batch axis with each robot's own state row, noise and RTC guide; one
-                chunk_setup + euler_loop; a group of one is the runtime's own denoise (its fast path included)
-    per robot   its row of the actions, unnormalised against its own raw state
+    misses      per distinct key (robots sending the same frames and prompt share one fill) the family's prefix
+                inputs from the decoded frames (``prefix_inputs``); misses whose inputs have the same shapes
+                concatenated on their batch axis into one fill_prefix, its rows taken as contexts of their own
+                (cache/context.py ``context_row``) and stored; a miss alone is the runtime's own fill
+    denoise     robots grouped by step count and RTC guide (the family's ``rtc_guide`` per robot; its
+                ``stack_guides`` stacks a group's guides, one row each); a group's contexts stacked
+                (``stack_contexts``: each token sequence padded to its longest with masked zeros) with each
+                robot's own state row, noise and embodiment; one chunk_setup + euler_loop. A group of one, contexts
+                that do not stack (``can_stack``), a chunk without a ``guide`` field or guides the family cannot
+                stack: each robot alone through the runtime's own denoise (its fast path included)
+    per robot   its row of the actions, post-processed by the family against its own raw state
 
 Nothing but read-only prefixes is shared between rows, and rows never move: two robots with identical frames get
 one prefix and still their own noise, state, leftover and actions. A batch of one is ``PolicyRuntime.infer``
 itself, bit for bit; larger batches equal each robot's own ``infer`` within float rounding (a batched matrix
-product sums in another order).
-
-The context operations below (pad along tokens, stack on batch, take a row) assume today's PrefixContext: kv
-[L, 2, B, K, P, D] and ``extra`` tensors laid out alike (batch on axis 2, tokens on axis -2). A family whose
-context is laid out otherwise is run one robot at a time.
+product sums in another order). Nothing here knows a family: what differs is the family's hooks and the axes
+its context declares.
 """
 from __future__ import annotations
 
@@ -28,19 +29,17 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..cache import PrefixContext
-from ..fast_path import EntryToken
+from ..cache import PrefixContext, can_stack, context_row, stack_contexts
+from ..fast_path import EntryToken, tree_signature
 from ..observation import Observation
-from ..policy.rtc import RTCGuide, guide_mode, prepare_guide, stack_guides
+from ..policy.family import PrefixInputs
 from .chunk import ActionChunk
 from .denoise_inputs import state_row
-from .policy_runtime import PolicyRuntime, infer_request
+from .policy_runtime import PolicyRuntime, decoded_frames, finished_chunk, infer_request
 from .stage_timer import StageTimer
 
 BatchItem = Tuple[Observation, Mapping[str, Any]]          # an observation and its ``infer`` keyword arguments
 Outcome = Union[ActionChunk, Exception]                    # a robot's chunk, or what its own ``infer`` raises
-
-BATCH_AXIS, TOKEN_AXIS = 2, -2                             # of kv [L, 2, B, K, P, D] and of each extra tensor
 
 
 def infer_batch(runtime: PolicyRuntime, items: Sequence[BatchItem]) -> List[Outcome]:
@@ -80,8 +79,8 @@ class _Slot:
     context: Optional[PrefixContext] = None
     entry: Optional[EntryToken] = None
     hit: bool = False
-    guide: Optional[RTCGuide] = None
-    normalized: Optional[np.ndarray] = None
+    guide: Any = None
+    actions: Optional[np.ndarray] = None          # model-space [H, max_action_dim]
 
     def fail(self, exc: Exception) -> None:
         if self.outcome is None:
@@ -124,13 +123,15 @@ class _Batch:
         timings = self.timer.ms
         for slot in self.live():
             try:
-                slot.outcome = self.chunk(slot, timings)
+                slot.outcome = finished_chunk(rt.policy, slot.prepared, slot.request, slot.actions, slot.leftover,
+                                              hit=slot.hit, key=slot.key, steps=slot.steps, timings=timings,
+                                              clock=self.timer.clock)
             except Exception as exc:
                 slot.fail(exc)
 
     # ---- misses ----------------------------------------------------------------------------------------------
     def fill_misses(self) -> None:
-        """Every distinct missing prefix filled once, those of one prompt length in one fill_prefix call."""
+        """Every distinct missing prefix filled once; those whose prefix inputs have one shape in one call."""
         owners: Dict[Hashable, List[_Slot]] = {}
         for slot in self.live():
             if not slot.hit:
@@ -138,25 +139,27 @@ class _Batch:
         if not owners:
             return
         self.timer.start('preprocess')
-        by_length: Dict[int, List[Tuple[List[_Slot], torch.Tensor, torch.Tensor]]] = {}
+        by_shape: Dict[Hashable, List[Tuple[List[_Slot], PrefixInputs]]] = {}
         for sharing in owners.values():
+            prepared = sharing[0].prepared
             try:
-                images, image_masks = self.rt._preprocess(sharing[0].prepared.slots)
+                inputs = self.rt.policy.prefix_inputs(decoded_frames(prepared.slots), prepared.tokens,
+                                                      prepared.token_mask)
             except Exception as exc:      # a corrupt frame fails the robots that sent it
                 for slot in sharing:
                     slot.fail(exc)
                 continue
-            by_length.setdefault(len(sharing[0].prepared.tokens), []).append((sharing, images, image_masks))
+            by_shape.setdefault(tree_signature(tuple(inputs)), []).append((sharing, inputs))
         self.timer.start('prefix')
-        for fills in by_length.values():
+        for fills in by_shape.values():
             try:
-                contexts = self.fill(fills)
+                contexts = self.fill([inputs for _, inputs in fills])
             except Exception as exc:
-                for sharing, _, _ in fills:
+                for sharing, _ in fills:
                     for slot in sharing:
                         slot.fail(exc)
                 continue
-            for (sharing, _, _), context in zip(fills, contexts):
+            for (sharing, _), context in zip(fills, contexts):
                 first = sharing[0]
                 entry = self.rt._generations.new(first.key)
                 if first.request.use_cache:
@@ -164,117 +167,64 @@ class _Batch:
                 for slot in sharing:
                     slot.context, slot.entry = context, entry
 
-    def fill(self, fills: List[Tuple[List[_Slot], torch.Tensor, torch.Tensor]]) -> List[PrefixContext]:
-        """One context per fill (prompts of one length): one batched fill_prefix, split into entries of their own."""
-        device = self.rt.device
-        prepared = [sharing[0].prepared for sharing, _, _ in fills]
-        tokens = torch.from_numpy(np.stack([p.tokens for p in prepared])).to(device)
-        token_masks = torch.from_numpy(np.stack([p.token_mask for p in prepared])).to(device)
-        images = torch.cat([images for _, images, _ in fills])
-        image_masks = torch.cat([masks for _, _, masks in fills])
-        context = self.rt.policy.fill_prefix(images, image_masks, tokens, token_masks)
-        if len(fills) == 1:
-            return [context]
-        if batchable([context]):
-            return [take_row(context, row) for row in range(len(fills))]
-        return [self.rt.policy.fill_prefix(images[i:i + 1], image_masks[i:i + 1], tokens[i:i + 1],
-                                           token_masks[i:i + 1]) for i in range(len(fills))]
+    def fill(self, inputs: List[PrefixInputs]) -> List[PrefixContext]:
+        """One context per prefix inputs of one shape (each batch-first, one row): one fill_prefix over them
+        concatenated, each row then a context of its own. One alone: the runtime's own fill (its prefix graph)."""
+        if len(inputs) == 1:
+            return [self.rt._fill(inputs[0])]
+        stacked = tuple(torch.cat(parts) for parts in zip(*inputs))
+        context = self.rt.policy.fill_prefix(*stacked)
+        return [context_row(context, row) for row in range(len(inputs))]
 
     # ---- denoise ---------------------------------------------------------------------------------------------
     def denoise_groups(self) -> List[List[_Slot]]:
-        """The live robots by (step count, RTC mode), each with its own RTC guide prepared."""
-        cfg = self.rt.config
-        groups: Dict[Tuple[int, str], List[_Slot]] = {}
+        """The live robots by step count and RTC guide (its structure, shapes and plain values: what one Euler
+        loop bakes in), each with its guide from the family's ``rtc_guide``; a guide of a kind tree_signature does
+        not know puts its robot in a group of its own."""
+        rtc_guide = self.rt.model.rtc_guide
+        groups: Dict[Hashable, List[_Slot]] = {}
         for slot in self.live():
             request = slot.request
-            try:
-                slot.guide = prepare_guide(slot.leftover, slot.noise, slot.steps, request.inference_delay,
-                                           request.execution_horizon, request.rtc, cfg.rtc_training_max_delay)
-            except ValueError as exc:
+            try:            # what chunk_setup would raise for this robot alone, it raises for this robot here
+                slot.guide = rtc_guide(slot.leftover, slot.noise, slot.steps, inference_delay=request.inference_delay,
+                                       execution_horizon=request.execution_horizon, rtc=request.rtc)
+            except Exception as exc:
                 slot.fail(exc)
                 continue
-            groups.setdefault((slot.steps, guide_mode(slot.guide)), []).append(slot)
+            try:
+                shape: Hashable = (slot.steps, tree_signature(slot.guide))
+            except TypeError:
+                shape = id(slot)
+            groups.setdefault(shape, []).append(slot)
         return list(groups.values())
 
     def denoise(self, group: List[_Slot]) -> None:
-        rt, cfg = self.rt, self.rt.config
-        if len(group) == 1 or not batchable([slot.context for slot in group]):
+        """One chunk_setup + euler_loop over the group's stacked contexts, or each robot alone (see above)."""
+        rows = self.denoise_together(group) if len(group) > 1 else None
+        if rows is None:
             for slot in group:                  # the runtime's own denoise (and fast path), one robot at a time
-                slot.normalized = rt._denoise(slot.context, slot.entry, slot.prepared, slot.steps, slot.noise,
-                                              slot.leftover, slot.request)
+                slot.actions = self.rt._denoise(slot.context, slot.entry, slot.prepared, slot.steps, slot.noise,
+                                                slot.leftover, slot.request)
             return
-        context = stack_contexts([slot.context for slot in group])
-        state = torch.cat([state_row(slot.prepared.normalized_state, cfg.max_state_dim, rt.device) for slot in group])
-        noise = torch.cat([slot.noise for slot in group])
-        steps = group[0].steps
-        if group[0].guide is None:
-            normalized = rt.policy.denoise(context, state, noise, steps)
-        else:
-            # Each row's own guide: built per robot (its leftover, delay, horizon, schedule), stacked by row.
-            chunk = rt.policy.chunk_setup(context, state, noise, steps)
-            normalized = rt.policy.euler_loop(dataclasses.replace(chunk, guide=stack_guides(
-                [slot.guide for slot in group])))
-        rows = normalized[:, :, :cfg.action_dim].float().cpu().numpy()
         for slot, row in zip(group, rows):
-            slot.normalized = row
+            slot.actions = row
 
-    def chunk(self, slot: _Slot, timings: Dict[str, float]) -> ActionChunk:
-        """The robot's chunk, as ``PolicyRuntime._run`` makes it; the stage timings are the batch's."""
-        request, prepared = slot.request, slot.prepared
-        return ActionChunk(actions=self.rt._postprocess(slot.normalized, prepared.raw_state), cache_hit=slot.hit,
-                           timings_ms=dict(timings), timings_clock=self.timer.clock, key=slot.key,
-                           num_steps=slot.steps, camera_slots=tuple(name for name, _ in prepared.slots),
-                           normalized=slot.normalized,
-                           continued=request.rtc is not None and slot.leftover is not None and len(slot.leftover) > 0)
-
-
-# ---- the context operations batching needs (see the module docstring) --------------------------------------
-
-def batchable(contexts: Sequence[PrefixContext]) -> bool:
-    """Whether every tensor of these contexts is laid out as kv (batch on axis 2, tokens on axis -2) and they share
-    names, dtypes and every dimension but the tokens."""
-    def layout(context: PrefixContext) -> Optional[Tuple]:
-        tensors = {'kv': context.kv, **context.extra}
-        shapes = []
-        for name, tensor in sorted(tensors.items()):
-            if tensor.dim() != 6 or tensor.shape[BATCH_AXIS] != context.batch_size or \
-                    tensor.shape[TOKEN_AXIS] != context.prefix_len:
+    def denoise_together(self, group: List[_Slot]) -> Optional[np.ndarray]:
+        """The group's model-space actions [B, H, max_action_dim] from one loop, or None where the contexts do not
+        stack, the family cannot stack the group's guides or its chunk has no ``guide`` field to take them."""
+        rt = self.rt
+        contexts = [slot.context for slot in group]
+        guide = None if group[0].guide is None else rt.model.stack_guides([slot.guide for slot in group])
+        if not can_stack(contexts) or (group[0].guide is not None and guide is None):
+            return None
+        state = torch.cat([state_row(slot.prepared.normalized_state, rt.config.max_state_dim, rt.device)
+                           for slot in group])
+        noise = torch.cat([slot.noise for slot in group])
+        embodiment = None if rt._embodiment is None else rt._embodiment.expand(len(group)).contiguous()
+        chunk = rt.policy.chunk_setup(stack_contexts(contexts), state, noise, group[0].steps, embodiment=embodiment)
+        if guide is not None:
+            # Each row's own guide, stacked by row, where chunk_setup keeps the guide (policy/family.py).
+            if not dataclasses.is_dataclass(chunk) or 'guide' not in {f.name for f in dataclasses.fields(chunk)}:
                 return None
-            shapes.append((name, tensor.dtype, tuple(tensor.shape[:TOKEN_AXIS]), tensor.shape[-1]))
-        return tuple(shapes)
-
-    layouts = [layout(context) for context in contexts]
-    return layouts[0] is not None and all(other == layouts[0] for other in layouts[1:]) and \
-        all(context.batch_size == contexts[0].batch_size for context in contexts)
-
-
-def pad_tokens(tensor: torch.Tensor, length: int, axis: int) -> torch.Tensor:
-    """``tensor`` extended with zeros (False for a mask) along ``axis`` to ``length``."""
-    missing = length - tensor.shape[axis]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[axis] = missing
-    return torch.cat([tensor, tensor.new_zeros(shape)], dim=axis)
-
-
-def stack_contexts(contexts: Sequence[PrefixContext]) -> PrefixContext:
-    """B contexts of one row each (prefix lengths may differ) -> one context of B rows, padded along the tokens to
-    the longest: padded tokens are masked (pad_mask False), so they are never attended to."""
-    length = max(context.prefix_len for context in contexts)
-    names = list(contexts[0].extra)
-    return PrefixContext(
-        kv=torch.cat([pad_tokens(context.kv, length, TOKEN_AXIS) for context in contexts], dim=BATCH_AXIS),
-        pad_mask=torch.cat([pad_tokens(context.pad_mask, length, -1) for context in contexts], dim=0),
-        extra={name: torch.cat([pad_tokens(context.extra[name], length, TOKEN_AXIS) for context in contexts],
-                               dim=BATCH_AXIS) for name in names})
-
-
-def take_row(context: PrefixContext, row: int) -> PrefixContext:
-    """Row ``row`` of a batched context as a context of its own (copied: a cache entry must not keep the whole
-    batch's storage alive, and the budget counts what it holds)."""
-    def pick(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.narrow(BATCH_AXIS, row, 1).clone()
-
-    return PrefixContext(kv=pick(context.kv), pad_mask=context.pad_mask[row:row + 1].clone(),
-                         extra={name: pick(tensor) for name, tensor in context.extra.items()})
+            chunk = dataclasses.replace(chunk, guide=guide)
+        return rt.policy.euler_loop(chunk).float().cpu().numpy()

@@ -13,6 +13,8 @@ from .chunk import ActionChunk
 class RuntimeView(Protocol):
     """The parts of a ``PolicyRuntime`` (policy_runtime.py) its warm-up and its self-description use."""
 
+    # of the family: describe(), prompt_tokens(), normalize_state() and capabilities.rtc_modes (the warm-up's
+    # prompts and chunking modes)
     policy: PolicyFamily
     model: torch.nn.Module
     config: Any                          # the family's PolicyLevelConfig

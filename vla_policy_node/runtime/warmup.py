@@ -4,7 +4,7 @@ through the runtime's own ``infer``, and a tick never captures."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -22,14 +22,18 @@ def neutral_state(runtime: RuntimeView) -> np.ndarray:
     return runtime.state_normalizer.unnormalize(np.zeros(runtime.config.state_dim, dtype=np.float32))
 
 
-def chunking_modes(config: Any) -> List[Dict[str, Any]]:
+def chunking_modes(config: Any, rtc_modes: Sequence[str]) -> List[Dict[str, Any]]:
     """``infer`` keywords of every chunking mode a tick can ask for (``chunking`` and ``rtc_mode`` are live
-    parameters): independent, guided RTC and, for a checkpoint trained for it, trained RTC. The leftover's
-    values and the delay are tensor contents of the graph's inputs; only their presence shapes a graph."""
+    parameters): independent, and each RTC mode the family continues a chunk with (its capabilities'
+    ``rtc_modes``), trained RTC only for a checkpoint trained for it. The leftover's values and the delay are
+    tensor contents of the graph's inputs; only their presence shapes a graph."""
     leftover = np.zeros((1, 1))
-    modes: List[Dict[str, Any]] = [{}, dict(prev_chunk_left_over=leftover, inference_delay=0, rtc=RTCSettings())]
-    if config.rtc_training_max_delay > 0:
-        modes.append(dict(prev_chunk_left_over=leftover, inference_delay=1, rtc=RTCSettings(mode='trained')))
+    modes: List[Dict[str, Any]] = [{}]
+    for mode in rtc_modes:
+        if mode != 'trained':
+            modes.append(dict(prev_chunk_left_over=leftover, inference_delay=0, rtc=RTCSettings(mode=mode)))
+        elif config.rtc_training_max_delay > 0:
+            modes.append(dict(prev_chunk_left_over=leftover, inference_delay=1, rtc=RTCSettings(mode=mode)))
     return modes
 
 
@@ -38,7 +42,7 @@ def bucket_prompts(runtime: RuntimeView, state: np.ndarray) -> Dict[int, str]:
     tick would (with this state, which pi0.5 puts in the prompt) until the last bucket. A bucket smaller than
     the shortest prompt is reached by no prompt and needs no graph."""
     buckets = runtime.prompt_buckets
-    normalized = runtime.state_normalizer.normalize(state)
+    normalized = runtime.policy.normalize_state(state)
     found: Dict[int, str] = {}
     for words in range(1, runtime.config.tokenizer_max_length + 2):
         for instruction in (' '.join(['a'] * words), ' '.join(['a'] * words) + '.'):
@@ -71,7 +75,7 @@ def warm_up(runtime: RuntimeView) -> ActionChunk:
                  'in steps); a prompt that does runs eagerly', unreached)
     with capture_window(runners, strict=runtime.cuda_graphs == 'on'):
         for _, instruction in sorted(prompts.items()):
-            for continuation in chunking_modes(cfg):
+            for continuation in chunking_modes(cfg, runtime.policy.capabilities.rtc_modes):
                 chunks.append(runtime.infer(Observation(blank, state, instruction), seed=0, use_cache=False,
                                             **continuation))
     report_graphs(runtime, runners)
