@@ -21,6 +21,11 @@ ROS_TOOLS ?= ../shared/ros-tools
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers (files stay whole on one worker: module fixtures, one DDS domain per file); 0 runs in one
+# process. Two on a 2-core machine halve the wall time: the DDS tests wait on processes more than they compute,
+# and they are proven to hold under that load (make stress-test).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: setup ros-tools demo test test-isa test-avx2 stress-test bench clean
 
@@ -49,7 +54,7 @@ demo: setup
 	$(PY) -m vla_policy_node.demo
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The test files whose assertions are numbers a CPU's kernels can move (bf16 and int8 matmuls, the parity
 # with lerobot's and transformers' restatements, the fast path, the demo policy): they must pass whichever
@@ -62,7 +67,7 @@ NUMERIC_TESTS ?= test/test_model_parity.py test/test_quantization.py test/test_p
 	test/test_runtime.py test/test_prefix_cache.py test/test_fast_path.py test/test_images.py \
 	test/test_replay_offline.py test/test_handover.py test/test_dataset.py \
 	test/test_train_demo.py
-ISA_PYTEST := $(PY) -m pytest -q -m 'not slow' $(PYTEST_ARGS) $(NUMERIC_TESTS)
+ISA_PYTEST := $(PY) -m pytest -q $(XDIST) -m 'not slow' $(PYTEST_ARGS) $(NUMERIC_TESTS)
 
 test-isa: setup
 	$(ISA_PYTEST)

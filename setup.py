@@ -56,7 +56,7 @@ setup(
     ],
     extras_require={
         'ros': ROS_WHEELS,
-        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'transformers>=4.40', 'flake8>=5'],
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'pytest-xdist>=3', 'transformers>=4.40', 'flake8>=5'],
         # vla_policy_bag_to_lerobot and vla_policy_replay --dataset (vla_policy_node/dataset). av >= 15 keeps
         # lerobot's own pin (av>=15,<16 in its dataset extra) satisfiable in one environment; every av wheel
         # from 15 on carries libsvtav1, lerobot's default video codec.

@@ -674,6 +674,20 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = LOADED
         time.sleep(0.05)
 
 
+def settled_count(rig: TestRig, quiet: float = 2.0, timeout: float = LOADED_MACHINE_WAIT_SEC) -> int:
+    """The trajectory count once nothing has arrived for ``quiet`` seconds: what a node still had in flight (a
+    loaded machine delivers the last ticks of a finished input late) is counted before, not after."""
+    deadline = time.monotonic() + timeout
+    count, since = rig.trajectory_count(), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            raise AssertionError(f'trajectories kept arriving for {timeout} s')
+        time.sleep(0.05)
+        if rig.trajectory_count() != count:
+            count, since = rig.trajectory_count(), time.monotonic()
+    return count
+
+
 def assert_no_new_trajectories(rig: TestRig, seconds: float, settle: float = 0.6) -> None:
     """After ``settle`` (one tick may be in flight), nothing arrives for ``seconds``."""
     time.sleep(settle)
