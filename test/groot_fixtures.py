@@ -321,3 +321,37 @@ def load_weights(policy: Path, dtype: Optional[torch.dtype] = None) -> Dict[str,
     from safetensors.torch import load_file
     weights = load_file(str(Path(policy) / 'model.safetensors'))
     return {k: (v if dtype is None else v.to(dtype)) for k, v in weights.items()}
+
+
+# The cases compared with real lerobot (bench/compare_lerobot_groot.py writes their results to FIXTURE_FILE):
+# variant, the state's seed (another state, same frames and task: a cache hit), RTC (delay, execution horizon),
+# formalize_language, bf16 (lerobot's autocast recipe).
+PARITY_CASES = {
+    'flat': dict(variant='flat'),
+    'flat_state_change': dict(variant='flat', state_seed=3),
+    'flat_rtc': dict(variant='flat', rtc=(2, 5)),
+    'groups_libero': dict(variant='groups'),
+    'raw_task': dict(variant='flat', formalize=False),
+    'flat_bf16': dict(variant='flat', bf16=True),
+}
+FIXTURE_FILE = Path(__file__).resolve().parent / 'fixtures' / 'groot_lerobot.npz'
+
+
+def case_folder(root: Path, case: str) -> Path:
+    """The tiny fine-tune a case runs on (one per variant and formalize setting), written under ``root``."""
+    spec = PARITY_CASES[case]
+    formalize = spec.get('formalize', True)
+    name = f"{spec['variant']}{'' if formalize else '_raw'}"
+    policy = Path(root) / name / 'policy'
+    if not (policy / 'config.json').is_file():
+        write_tiny_groot(Path(root) / name, spec['variant'], formalize_language=formalize)
+    return policy
+
+
+def case_inputs(case: str) -> Dict[str, np.ndarray]:
+    spec = PARITY_CASES[case]
+    inputs = fixture_inputs()
+    if 'state_seed' in spec:
+        inputs['state'] = (1.5 * np.random.default_rng(spec['state_seed']).standard_normal(STATE_DIM)).astype(
+            np.float32)
+    return inputs

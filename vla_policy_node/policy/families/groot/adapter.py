@@ -151,7 +151,8 @@ class GrootFamily(PolicyFamily):
     @classmethod
     def save_checkpoint(cls, folder: Path, model: GrootModel, state_stats, action_stats,
                         tokenizer_file: Optional[Path] = None) -> Path:
-        return write_groot_folder(Path(folder), model, state_stats, action_stats, tokenizer_file)
+        return write_groot_folder(Path(folder), model.config, model.state_dict(), state_stats, action_stats,
+                                  tokenizer_file)
 
     # ---- benchmarks -------------------------------------------------------------------------------------------
     @classmethod

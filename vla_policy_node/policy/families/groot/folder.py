@@ -328,13 +328,16 @@ def processor_documents(config: GrootConfig, tokenizer_dir: Path) -> Tuple[Dict[
     return pre, post
 
 
-def write_groot_folder(folder: Path, model: torch.nn.Module, state_stats: Mapping[str, np.ndarray],
-                       action_stats: Mapping[str, np.ndarray], tokenizer_file: Optional[Path]) -> Path:
-    """``folder`` as lerobot writes a GR00T fine-tune, with ``folder/base_model`` (the base model: config.json and
-    model.safetensors as GR00TN17.save_pretrained; ``backbone/config.json`` for a backbone other than Cosmos') and
-    ``folder/processor`` (the tokenizer folder of ``tokenizer_file``) it names by absolute path."""
+def write_groot_folder(folder: Path, config: GrootConfig, state: Mapping[str, torch.Tensor],
+                       state_stats: Mapping[str, np.ndarray], action_stats: Mapping[str, np.ndarray],
+                       tokenizer_file: Optional[Path], base_weights: bool = True) -> Path:
+    """``folder`` as lerobot writes a GR00T fine-tune of ``config`` with the weights ``state`` (the model's state
+    dict keys; their dtype is kept), plus ``folder/base_model`` (config.json and model.safetensors as
+    GR00TN17.save_pretrained; ``backbone/config.json`` for a backbone other than Cosmos') and ``folder/processor``
+    (the tokenizer folder of ``tokenizer_file``), both named by absolute path. ``base_weights`` False writes the
+    base model's state-encoder bias alone (lerobot then initialises the rest, which the fine-tune's file replaces:
+    the big benchmark shapes, where a second full copy would only cost disk and time)."""
     folder = Path(folder).resolve()
-    config: GrootConfig = model.config
     base = folder / 'base_model'
     base.mkdir(parents=True, exist_ok=True)
     processor = folder / 'processor'
@@ -347,14 +350,17 @@ def write_groot_folder(folder: Path, model: torch.nn.Module, state_stats: Mappin
     config = GrootConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
                             'head': head, 'base_model_path': str(base)})
     (base / CONFIG_FILE).write_text(json.dumps(head.to_base_config(), indent=2, sort_keys=True) + '\n')
-    state = {key: value.detach().to('cpu', torch.float32).contiguous() for key, value in model.state_dict().items()}
-    state[FINAL_NORM_KEY] = torch.ones(config.backbone.text.width)
+    state = {key: value.detach().to('cpu').contiguous() for key, value in state.items()}
+    state[FINAL_NORM_KEY] = torch.ones(config.backbone.text.width, dtype=state[EMBED_KEY].dtype)
     # GR00TN17.save_pretrained keeps the tied embedding under embed_tokens; the policy's safetensors save_model
     # keeps it under the lm_head's name (and records the alias in the metadata).
-    save_torch_file(state, str(base / WEIGHTS_FILE), metadata={'format': 'pt'})
-    policy = {(LM_HEAD_KEY if key == EMBED_KEY else key): value for key, value in state.items()}
-    save_torch_file({WEIGHT_PREFIX + key: value for key, value in policy.items()}, str(folder / WEIGHTS_FILE),
+    stub = 'action_head.state_encoder.layer1.b'
+    save_torch_file(state if base_weights else {stub: state[stub]}, str(base / WEIGHTS_FILE), metadata={'format': 'pt'})
+    policy = {WEIGHT_PREFIX + (LM_HEAD_KEY if key == EMBED_KEY else key): value for key, value in state.items()}
+    del state
+    save_torch_file(policy, str(folder / WEIGHTS_FILE),
                     metadata={'format': 'pt', WEIGHT_PREFIX + EMBED_KEY: WEIGHT_PREFIX + LM_HEAD_KEY})
+    del policy
     if tokenizer_file is not None:
         processor.mkdir(exist_ok=True)
         source = Path(tokenizer_file).parent

@@ -144,28 +144,10 @@ class GrootModel(PolicyModel):
                     token_masks: torch.Tensor) -> PrefixContext:
         """images [B, N, 3, h, w] normalised (images.frame_to_model); image_masks [B, N] (all True: GR00T has no
         empty cameras); tokens, token_masks [B, L]: the prompt with its image tokens, right-padded."""
-        cfg = self.config
-        check_prefix_inputs(cfg, images, image_masks, tokens, token_masks)
-        batch, cameras = images.shape[:2]
-        image_tokens = cameras * cfg.tokens_per_image
-        geometry = cfg.geometry
-        grid = geometry.grid
+        check_prefix_inputs(self.config, images, image_masks, tokens, token_masks)
+        valid = token_masks.bool()
         with self._autocast():
-            pixels = patchify(images.flatten(0, 1).float(), geometry)             # [B*N, h*w, C*T*p*p]
-            merged, taps = self._vision(pixels, grid)
-            text = self.backbone.language_model
-            embeds = text.embed_tokens(tokens)
-            is_image = tokens == cfg.backbone.image_token_id
-            order = torch.argsort((~is_image).to(torch.int8), dim=1, stable=True)   # image tokens first, in order
-            image_index, text_index = order[:, :image_tokens], order[:, image_tokens:]
-            width = embeds.shape[-1]
-            scatter = image_index[:, :, None].expand(-1, -1, width)
-            embeds = embeds.scatter(1, scatter, merged.reshape(batch, image_tokens, width).to(embeds.dtype))
-            valid = token_masks.bool()
-            positions = mrope_positions(is_image, cfg.tokens_per_image,
-                                        grid[1] // geometry.merge_size, max(grid) // geometry.merge_size)
-            features = text(embeds, positions, valid, image_index,
-                            [tap.reshape(batch, image_tokens, width) for tap in taps])
+            features, image_index, text_index = self.backbone_features(images, tokens, valid)
             head = self.action_head
             features = head.vlln(features)
             if head.vl_self_attention is not None:
@@ -175,10 +157,31 @@ class GrootModel(PolicyModel):
         return PrefixContext(kv=text_kv, pad_mask=text_mask,
                              extra={IMAGE_KV: image_kv, FEATURES: features.float(), TOKEN_MASK: valid})
 
-    def _vision(self, pixels: torch.Tensor, grid: Tuple[int, int]):
-        visual = self.backbone.visual
-        table = self._vision_tables(grid)
-        return visual(pixels, *grid, tables=table)
+    def backbone_features(self, images: torch.Tensor, tokens: torch.Tensor,
+                          valid: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Qwen3Backbone.forward: ViT, the image tokens' embeddings replaced, mRoPE, the text model -> features
+        [B, L, W] (lerobot's ``backbone_features``), the image tokens' positions [B, N_img] and the other
+        tokens' [B, L - N_img], each in prompt order (a stable sort: no host synchronisation)."""
+        cfg = self.config
+        batch, cameras = images.shape[:2]
+        image_tokens = cameras * cfg.tokens_per_image
+        geometry = cfg.geometry
+        grid = geometry.grid
+        pixels = patchify(images.flatten(0, 1).float(), geometry)                 # [B*N, h*w, C*T*p*p]
+        merged, taps = self.backbone.visual(pixels, *grid, tables=self._vision_tables(grid))
+        text = self.backbone.language_model
+        embeds = text.embed_tokens(tokens)
+        is_image = tokens == cfg.backbone.image_token_id
+        order = torch.argsort((~is_image).to(torch.int8), dim=1, stable=True)       # image tokens first, in order
+        image_index, text_index = order[:, :image_tokens], order[:, image_tokens:]
+        width = embeds.shape[-1]
+        scatter = image_index[:, :, None].expand(-1, -1, width)
+        embeds = embeds.scatter(1, scatter, merged.reshape(batch, image_tokens, width).to(embeds.dtype))
+        positions = mrope_positions(is_image, cfg.tokens_per_image, grid[1] // geometry.merge_size,
+                                    max(grid) // geometry.merge_size)
+        features = text(embeds, positions, valid, image_index,
+                        [tap.reshape(batch, image_tokens, width) for tap in taps])
+        return features, image_index, text_index
 
     def _cross_kv(self, features: torch.Tensor, text_index: torch.Tensor,
                   image_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -91,13 +91,10 @@ class QwenChatTokenizer:
         # The special tokens transformers hands the template (tokenizer.special_tokens_map).
         self._template_tokens = {name: token for name in ('bos_token', 'eos_token', 'unk_token', 'pad_token')
                                  for token in [_special_token(tokenizer_config.get(name))] if token is not None}
-        self._special = [token for token, entry in self._added_tokens().items() if entry]
+        added = json.loads(json_bytes.decode('utf-8')).get('added_tokens') or []
+        self._special = [entry['content'] for entry in added if entry.get('special') and 'content' in entry]
         self.vocab_size = int(max(self._tok.get_vocab(with_added_tokens=True).values()) + 1)
         self.identity = _digest(json_bytes + b'\0' + template.encode('utf-8'))
-
-    def _added_tokens(self) -> Dict[str, bool]:
-        document = json.loads(self._tok.to_str())
-        return {entry['content']: bool(entry.get('special')) for entry in document.get('added_tokens', [])}
 
     @classmethod
     def from_path(cls, path: Union[str, Path]) -> 'QwenChatTokenizer':
