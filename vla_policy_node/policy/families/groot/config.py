@@ -334,17 +334,17 @@ class GrootConfig(PolicyLevelConfig):
         return self.head.dit.cross_blocks
 
     def kv_entry_bytes(self, dtype_bytes: int) -> int:
-        """One cache entry at the longest prompt, every tensor but the pad mask: the features (fp32: vlln and
-        vl_self_attention keep the residual stream fp32 under autocast), each cross block's K/V over its token
-        subset (the compute dtype), the image-token index and the text-key mask."""
+        """One cache entry at the longest prompt, every tensor but the pad mask (model.py's PrefixContext): each
+        cross block's K/V over its token subset (the compute dtype), the processed features (fp32: vlln and
+        vl_self_attention keep the residual stream fp32 under autocast) and the prompt's token mask."""
         head, prefix = self.head, self.prefix_len
         text_tokens = prefix - self.image_tokens
         cross = 0
         for index in self.cross_blocks:
             tokens = text_tokens if head.dit.attends_text(index) else self.image_tokens
             cross += 2 * tokens * head.dit.width * dtype_bytes
-        return prefix * head.backbone_embedding_dim * 4 + cross + self.image_tokens * 8 + text_tokens * 8
+        return cross + prefix * head.backbone_embedding_dim * 4 + prefix
 
     def cache_entry_bytes(self, dtype_bytes: int) -> int:
-        """kv_entry_bytes and the bool masks: the token pad mask [1, P] and the text-key mask [1, P_text]."""
-        return self.kv_entry_bytes(dtype_bytes) + self.prefix_len + (self.prefix_len - self.image_tokens)
+        """kv_entry_bytes and the pad mask: which of the text blocks' keys are real [1, P - image tokens]."""
+        return self.kv_entry_bytes(dtype_bytes) + self.prefix_len - self.image_tokens
