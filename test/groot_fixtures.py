@@ -57,7 +57,7 @@ HEAD = dict(select_layer=2, backbone_embedding_dim=32, hidden_size=24, input_emb
                                    'attention_head_dim': 8, 'dropout': 0.2, 'final_dropout': True})
 # Image geometry of the VLM-encode step: a non-square target, so mRoPE's h and w differ (4 x 6 patches).
 TARGET = [64, 96]
-CROP = [58, 58]
+CROP = [57, 57]          # (64 - 57) / 2 is odd: the crop offset is floored, the size rounded
 
 # Variants: name -> (postprocessor kind, embodiment tag, action_decode_transform).
 VARIANTS = {'flat': ('flat', 'new_embodiment', None), 'groups': ('groups', 'libero_sim', 'libero')}
