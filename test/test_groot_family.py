@@ -357,3 +357,11 @@ def test_the_package_writer_writes_lerobots_layout(tmp_path, tiny):
     weights = load_file(str(folder / 'model.safetensors'))
     assert '_groot_model.backbone.model.lm_head.weight' in weights
     assert '_groot_model.backbone.model.model.language_model.embed_tokens.weight' not in weights
+
+
+def test_the_runtimes_warm_up_and_self_description_work(runtime):
+    chunk = runtime.warmup()
+    assert chunk.actions.shape == (8, 5 - 1) and np.isfinite(chunk.actions).all()
+    described = runtime.describe()
+    assert described['policy_type'] == 'groot' and described['cache_entry_bytes'] == \
+        runtime.config.cache_entry_bytes(4)
