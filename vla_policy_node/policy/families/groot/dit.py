@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...layers import apply_linear
+
 
 @dataclass(frozen=True)
 class DiTSize:
@@ -91,14 +93,14 @@ class Attention(nn.Module):
     def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """queries from x [B, S, D] against K, V [B, heads, T, Dh]; mask bool [B, 1, 1, T] (True: attend)."""
-        q = self.split_heads(self.to_q(x))
+        q = self.split_heads(apply_linear(self.to_q, x))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1).to(q.dtype)
-        return self.to_out[0](out)
+        return apply_linear(self.to_out[0], out)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Self-attention over x [B, S, D]; mask bool [B, 1, 1, S] on the keys."""
-        k, v = self.kv(x)
+        k, v = self.split_heads(apply_linear(self.to_k, x)), self.split_heads(apply_linear(self.to_v, x))
         return self.attend(x, k, v, mask)
 
 
@@ -108,7 +110,7 @@ class GELUProj(nn.Module):
         self.proj = nn.Linear(dim_in, dim_out, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.proj(x), approximate='tanh')
+        return F.gelu(apply_linear(self.proj, x), approximate='tanh')
 
 
 class FeedForward(nn.Module):
@@ -119,7 +121,7 @@ class FeedForward(nn.Module):
         self.net = nn.ModuleList([GELUProj(dim, 4 * dim), nn.Identity(), nn.Linear(4 * dim, dim, bias=True)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](self.net[0](x))
+        return apply_linear(self.net[2], self.net[0](x))
 
 
 class AdaLayerNorm(nn.Module):
@@ -254,7 +256,7 @@ class AlternateVLDiT(nn.Module):
                 cross += 1
         shift, scale = out_terms.chunk(2, dim=-1)
         x = F.layer_norm(x, (self.size.width,), eps=1e-6) * (1 + scale[:, None]) + shift[:, None]
-        return self.proj_out_2(x)
+        return apply_linear(self.proj_out_2, x)
 
 
 # ---- lerobot groot_n1_7.py's own pieces -------------------------------------------------------------------------
@@ -267,8 +269,11 @@ class CategorySpecificLinear(nn.Module):
         self.W = nn.Parameter(0.02 * torch.randn(categories, dim_in, dim_out))
         self.b = nn.Parameter(torch.zeros(categories, dim_out))
 
-    def forward(self, x: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
-        """x [B, S, in]; category [B] long."""
+    def forward(self, x: torch.Tensor, category) -> torch.Tensor:
+        """x [B, S, in]; category [B] long (lerobot's per-row slices), or one embodiment id for every row: its
+        slice is a view, one GEMM over every row (the same products, no per-call copy of W[e])."""
+        if isinstance(category, int):
+            return torch.matmul(x, self.W[category]) + self.b[category]
         return torch.bmm(x, self.W[category]) + self.b[category].unsqueeze(1)
 
 
@@ -278,7 +283,7 @@ class CategorySpecificMLP(nn.Module):
         self.layer1 = CategorySpecificLinear(categories, dim_in, hidden)
         self.layer2 = CategorySpecificLinear(categories, hidden, dim_out)
 
-    def forward(self, x: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, category) -> torch.Tensor:
         return self.layer2(F.relu(self.layer1(x, category)), category)
 
 
@@ -300,7 +305,7 @@ class MultiEmbodimentActionEncoder(nn.Module):
         self.W2 = CategorySpecificLinear(categories, 2 * hidden, hidden)
         self.W3 = CategorySpecificLinear(categories, hidden, hidden)
 
-    def forward(self, actions: torch.Tensor, time_embedding: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
+    def forward(self, actions: torch.Tensor, time_embedding: torch.Tensor, category) -> torch.Tensor:
         """actions [B, H, A]; time_embedding [B, H, hidden] (``action_time_sinusoid`` of the step's bucket)."""
         embedded = self.W1(actions, category)
         x = self.W2(torch.cat([embedded, time_embedding.to(embedded.dtype)], dim=-1), category)

@@ -41,6 +41,7 @@ from torch import nn
 
 from ....cache.context import PrefixContext
 from ...family import PolicyModel, WorkspaceSpec, check_chunk_inputs, check_prefix_inputs
+from ...layers import PackedLinears
 from ...rtc import RTCSettings
 from .config import GrootConfig
 from .dit import (AlternateVLDiT, CategorySpecificMLP, MultiEmbodimentActionEncoder, SelfAttentionTransformer,
@@ -79,7 +80,7 @@ class GrootChunk:
     """One chunk's fixed inputs to the Euler loop (fast_path.py treats them as a graph's static inputs).
 
     text_kv [C_text, 2, B, heads, P_text, Dh], image_kv [C_img, 2, B, heads, P_img, Dh]: the cross K/V (the
-    workspace); text_mask [B, 1, 1, P_text] bool; category [B] long; state_tokens [B, 1, D]; block_terms
+    workspace); text_mask [B, 1, 1, P_text] bool; embodiment: the id every row uses; state_tokens [B, 1, D]; block_terms
     [N, L, 1, 2D] and out_terms [N, 1, 2D]: the DiT's modulations per step; time_encoding [N, 1, 1, D];
     positions [1, H, D] (zeros without add_pos_embed); x0 [B, H, A] fp32; velocity_scale [B, H, A] fp32.
     """
@@ -87,7 +88,7 @@ class GrootChunk:
     text_kv: torch.Tensor
     image_kv: torch.Tensor
     text_mask: torch.Tensor
-    category: torch.Tensor
+    embodiment: int
     state_tokens: torch.Tensor
     block_terms: torch.Tensor
     out_terms: torch.Tensor
@@ -234,12 +235,11 @@ class GrootModel(PolicyModel):
         batch, horizon, _ = noise.shape
         device = noise.device
         head = self.action_head
-        category = torch.full((batch,), cfg.embodiment_id, dtype=torch.long, device=device)
         buckets = [int(step / float(steps) * cfg.head.num_timestep_buckets) for step in range(steps)]
         timesteps = torch.tensor(buckets, dtype=torch.long, device=device)
         width = cfg.head.input_embedding_dim
         with self._autocast():
-            state_tokens = head.state_encoder(state.float().view(batch, 1, -1), category)
+            state_tokens = head.state_encoder(state.float().view(batch, 1, -1), cfg.embodiment_id)
             block_terms, out_terms = head.model.time_terms(timesteps)          # [L, N, 2D], [N, 2D]
             time_encoding = action_time_sinusoid(timesteps, width)             # [N, D]
         if cfg.head.add_pos_embed:
@@ -254,7 +254,7 @@ class GrootModel(PolicyModel):
         x0 = noise.float().clone() if guide is None else guide.x0
         scale = torch.ones_like(x0) if guide is None else guide.velocity_scale
         return GrootChunk(text_kv=buffers[0], image_kv=buffers[1], text_mask=context.pad_mask[:, None, None, :],
-                          category=category, state_tokens=state_tokens,
+                          embodiment=cfg.embodiment_id, state_tokens=state_tokens,
                           block_terms=block_terms.transpose(0, 1)[:, :, None], out_terms=out_terms[:, None],
                           time_encoding=time_encoding[:, None, None], positions=positions, x0=x0,
                           velocity_scale=scale, num_steps=steps)
@@ -275,12 +275,22 @@ class GrootModel(PolicyModel):
             cross_kv.append((stack[used[reads_text], 0], stack[used[reads_text], 1]))
             used[reads_text] += 1
             masks.append(chunk.text_mask if reads_text else None)
-        with self._autocast():
+        with self._autocast(), self._packer(batch * (1 + horizon), x.device):
             for step in range(chunk.num_steps):
                 time = chunk.time_encoding[step].expand(batch, horizon, -1)
-                tokens = head.action_encoder(x, time, chunk.category) + chunk.positions
+                tokens = head.action_encoder(x, time, chunk.embodiment) + chunk.positions
                 tokens = torch.cat([chunk.state_tokens, tokens], dim=1)
                 out = head.model(tokens, chunk.block_terms[step], chunk.out_terms[step], tuple(cross_kv), tuple(masks))
-                velocity = head.action_decoder(out, chunk.category)
+                velocity = head.action_decoder(out, chunk.embodiment)
                 x = x + dt * velocity[:, -horizon:] * chunk.velocity_scale
         return x.float()
+
+    def _packer(self, rows: int, device: torch.device):
+        """CPU fp32 with MKL: the DiT's weights prepacked for the loop's B * (1 + H)-row GEMMs (layers.PackedLinears:
+        the same values, one more copy of the packed weights while the packer lives); otherwise a no-op context."""
+        if device.type != 'cpu' or self.compute_dtype != torch.float32 or not PackedLinears.available():
+            return contextlib.nullcontext()
+        packer = getattr(self, '_packed_linears', None)
+        if packer is None or packer.rows != rows:
+            packer = self._packed_linears = PackedLinears(rows)
+        return packer
