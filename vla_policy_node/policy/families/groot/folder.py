@@ -275,7 +275,7 @@ def _libero_column(processors: GrootProcessors, action_dim: int) -> int:
 
 # ---- writing -------------------------------------------------------------------------------------------------
 
-def config_document(config: GrootConfig) -> Dict[str, Any]:
+def groot_config_document(config: GrootConfig) -> Dict[str, Any]:
     """config.json as lerobot 0.6.2 writes a GrootConfig (GrootPolicy.save_pretrained)."""
     height, width = config.image_resolution
     return {
@@ -367,7 +367,7 @@ def write_groot_folder(folder: Path, config: GrootConfig, state: Mapping[str, to
         for name in (HF_TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, PREPROCESSOR_CONFIG_FILE):
             if (source / name).is_file():
                 (processor / name).write_bytes((source / name).read_bytes())
-    (folder / CONFIG_FILE).write_text(json.dumps(config_document(config), indent=4) + '\n')
+    (folder / CONFIG_FILE).write_text(json.dumps(groot_config_document(config), indent=4) + '\n')
     pre, post = processor_documents(config, processor)
     stats = flatten_stats({'observation.state': state_stats, 'action': action_stats})
     save_numpy_file(stats, str(folder / pre['steps'][2]['state_file']))

@@ -134,7 +134,7 @@ def geometry_uint8(image: torch.Tensor, geometry: ImageGeometry) -> torch.Tensor
     return image
 
 
-def normalize(image: torch.Tensor, geometry: ImageGeometry) -> torch.Tensor:
+def normalize_image(image: torch.Tensor, geometry: ImageGeometry) -> torch.Tensor:
     """The fused rescale + normalise of TorchvisionBackend: (x - mean / rescale) / (std / rescale) in fp32."""
     scale = 1.0 / geometry.rescale_factor
     mean = (torch.tensor(geometry.image_mean, device=image.device) * scale)[:, None, None]
@@ -144,7 +144,7 @@ def normalize(image: torch.Tensor, geometry: ImageGeometry) -> torch.Tensor:
 
 def frame_to_model(unit: torch.Tensor, geometry: ImageGeometry) -> torch.Tensor:
     """A decoded frame [3, H, W] in [0, 1] -> the normalised model image [3, h, w] fp32 (in [-1, 1] at mean/std 0.5)."""
-    return normalize(geometry_uint8(unit_to_uint8(unit), geometry), geometry)
+    return normalize_image(geometry_uint8(unit_to_uint8(unit), geometry), geometry)
 
 
 def patchify(images: torch.Tensor, geometry: ImageGeometry) -> torch.Tensor:
