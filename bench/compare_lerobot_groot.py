@@ -12,6 +12,7 @@ reachable, so pip took torch's default wheel):
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py                    # from the repo root
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --write-fixtures   # + test/fixtures/
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --skip-timing
+    /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --only-timing --shape half --repeats 5
 
 Without lerobot it prints ``skipped: needs lerobot`` and exits with status 2.
 
@@ -423,6 +424,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--write-fixtures', action='store_true', help='write test/fixtures/groot_lerobot.npz')
     parser.add_argument('--skip-timing', action='store_true')
+    parser.add_argument('--only-timing', action='store_true', help='(b) alone')
     parser.add_argument('--shape', choices=sorted(SHAPES), default='half', help='the timing shape (b)')
     parser.add_argument('--small-shape', choices=sorted(SHAPES), default='small')
     parser.add_argument('--repeats', type=int, default=3)
@@ -439,9 +441,10 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         root = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)
-        check_format(root)
-        results = parity(root, args.write_fixtures)
-        bf16_errors(results, root, args.small_shape)
+        if not args.only_timing:
+            check_format(root)
+            results = parity(root, args.write_fixtures)
+            bf16_errors(results, root, args.small_shape)
         if not args.skip_timing:
             timing(root, args.small_shape, args.repeats)
             timing(root, args.shape, args.repeats)
