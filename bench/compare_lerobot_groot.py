@@ -12,6 +12,7 @@ reachable, so pip took torch's default wheel):
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py                    # from the repo root
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --write-fixtures   # + test/fixtures/
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --skip-timing
+    /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --quick           # (a) alone
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --only-timing --shape half --repeats 5
 
 Without lerobot it prints ``skipped: needs lerobot`` and exits with status 2.
@@ -247,6 +248,7 @@ def parity(root: Path, write: bool) -> Dict[str, Dict[str, np.ndarray]]:
     stored: Dict[str, np.ndarray] = {}
     ours_by_folder: Dict[str, Ours] = {}
     results: Dict[str, Dict[str, np.ndarray]] = {}
+    worst = 0.0
     print('(a) tiny fixtures: max abs difference per stage (lerobot-ours | lerobot-reference | ours-reference)')
     for case, spec in PARITY_CASES.items():
         folder = case_folder(root, case)
@@ -275,10 +277,14 @@ def parity(root: Path, write: bool) -> Dict[str, Dict[str, np.ndarray]]:
                          f'|{diff(ours[stage], reference[stage]):.1e}')
         print(f'    {case:18s} hit={bool(ours["hit"])}  ' + '  '.join(cells))
         results[case] = {'lerobot': theirs, 'ours': ours}
+        if not bf16:
+            worst = max(worst, diff(theirs['normalized_actions'], ours['normalized_actions']),
+                        diff(theirs['actions'], ours['actions']))
         for stage in STAGES:
             if stage == 'pixels' and case != 'flat':
                 continue                  # the same frames in every case: stored once
             stored[f'{case}.{stage}'] = theirs[stage]
+    print(f'    lerobot vs ours, fp32 cases: actions within {worst:.1e}')
     if write:
         import lerobot
         import transformers
@@ -425,6 +431,7 @@ def main() -> int:
     parser.add_argument('--write-fixtures', action='store_true', help='write test/fixtures/groot_lerobot.npz')
     parser.add_argument('--skip-timing', action='store_true')
     parser.add_argument('--only-timing', action='store_true', help='(b) alone')
+    parser.add_argument('--quick', action='store_true', help='(a) alone: the tiny fixtures')
     parser.add_argument('--shape', choices=sorted(SHAPES), default='half', help='the timing shape (b)')
     parser.add_argument('--small-shape', choices=sorted(SHAPES), default='small')
     parser.add_argument('--repeats', type=int, default=3)
@@ -441,6 +448,9 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         root = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)
+        if args.quick:
+            parity(root, args.write_fixtures)
+            return 0
         if not args.only_timing:
             check_format(root)
             results = parity(root, args.write_fixtures)

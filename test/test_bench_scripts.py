@@ -27,6 +27,7 @@ QUICK_RUNS = {
     'gpu_checks.py': (['--quick'], r'all checks passed'),
     'compare_lerobot_dataset.py': (['--quick'], r'meta/stats.json vs lerobot'),
     'compare_lerobot_smolvla.py': (['--quick'], r'lerobot vs ours'),
+    'compare_lerobot_groot.py': (['--quick'], r'lerobot vs ours, fp32 cases: actions within'),
     'compare_lerobot_bf16.py': (['--quick'], r'ours / lerobot: [\d.]+x max'),
     'quant_speed.py': (['--quick'], r'int8_weights +miss +[\d.]+ ms \([\d.]+x\), hit'),
     'quant_accuracy.py': (['--quick'], r'int8_weights \(fp32\) +[\d.]+ / [\d.]+'),
@@ -36,6 +37,7 @@ MAY_SKIP = {
     'gpu_checks.py': 'a CUDA device',
     'compare_lerobot_dataset.py': 'lerobot',
     'compare_lerobot_smolvla.py': 'lerobot',
+    'compare_lerobot_groot.py': 'lerobot',
     'compare_lerobot_bf16.py': 'lerobot',
 }
 # Tens of seconds each on a shared 2-core machine (several processes, a replay of a bag, deep models).
