@@ -35,6 +35,27 @@ against Cosmos'. lerobot draws its noise inside get_action_with_features; here t
         post-processor) vs our miss (a camera byte changes) and hit (only the state changes), interleaved, fp32, at
         --shape (a depth cut of the real GR00T N1.7 widths that fits beside lerobot in memory; ``real`` is the whole
         3.1B) and at the small shape
+
+Figures of runs on 2026-12-05 (2-core shared x86_64 CPU, lerobot 0.6.2 / transformers 5.5.4 / torch 2.11, package
+at issue32-groot; other jobs loaded the machine during the 2-thread runs, the 1-thread ones ran in a quiet
+moment):
+
+    (f) the fixture folder equals lerobot's own re-save (files, config.json, tensor keys and metadata, both
+        processor files); lerobot loads the package writer's folder (normalised actions within 6.0e-8)
+    (a) fp32, every case: prompt ids and patches identical, backbone features <= 4.3e-6, processed features
+        <= 1.7e-6, actions <= 6.6e-7 (the state change a hit on our side); reference vs lerobot: 0 (bit for bit)
+    (c) bf16 vs fp32, max abs normalised-action error: tiny lerobot 3.3e-3 / ours 3.3e-3 (ours = lerobot's bf16
+        bit for bit); small shape lerobot 4.0e-4 / ours 4.0e-4
+    (b) --only-timing --threads 1 --repeats 3 (quiet machine):
+          small (1.04B): lerobot 3243 ms, ours miss 1583 ms (0.49x), hit 546 ms (0.34x our miss)
+          half  (2.02B): lerobot 7172 ms, ours miss 5232 ms (0.73x), hit 1794 ms (0.34x our miss)
+        --only-timing --threads 2 --repeats 3 (loaded machine: the medians move by 2x between runs):
+          small (1.04B): lerobot 1229 ms, ours miss 715 ms (0.58x), hit 254 ms (0.36x)
+          half  (2.02B): lerobot 12843 ms, ours miss 9254 ms (0.72x), hit 3826 ms (0.41x)
+        The real 3.1B shape does not fit beside lerobot in this machine's 23 GB. A hit is the 4 DiT steps alone,
+        so hit / miss is bounded by their FLOP share (GrootFamily.stage_flops: 0.34 at half, 0.31 at the real
+        shape) and the 41-row GEMMs of the DiT run less efficiently than the prefix's; the miss saves lerobot's
+        language-model head over every token and its cross K/V at every step.
 """
 from __future__ import annotations
 
