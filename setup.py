@@ -61,6 +61,9 @@ setup(
         # lerobot's own pin (av>=15,<16 in its dataset extra) satisfiable in one environment; every av wheel
         # from 15 on carries libsvtav1, lerobot's default video codec.
         'dataset': ['pyarrow>=14', 'av>=15'],
+        # vla_policy_fleet (vla_policy_node/fleet, docs/fleet.md): Ray Serve with its FastAPI ingress. The floor is the
+        # Ray whose request-router API (ray.serve.request_router, alpha) the robot-affine router was written against.
+        'fleet': ['ray[serve]>=2.60'],
     },
     zip_safe=True,
     maintainer='vla_policy_node developers',
@@ -75,6 +78,7 @@ setup(
             'vla_policy_make_bag = vla_policy_node.replay.make_bag:main',
             'vla_policy_make_checkpoint = vla_policy_node.policy.tiny_default:main',
             'vla_policy_serve = vla_policy_node.remote.server:main',
+            'vla_policy_fleet = vla_policy_node.fleet.cli:main',
             'vla_policy_gripper_relay = vla_policy_node.ros.gripper_relay:main',
             'vla_policy_check_checkpoint = vla_policy_node.doctor:main',
             'vla_policy_train_demo = vla_policy_node.train_demo:main',

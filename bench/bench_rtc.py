@@ -3,6 +3,7 @@
     python bench/bench_rtc.py                 # tiny pi0 + the demo's 6 s sample bag, CPU (about a minute)
     python bench/bench_rtc.py --no-replay --device cuda --dtype bfloat16 --presets pi0   # guidance cost on a GPU
     python bench/bench_rtc.py --quick         # 2 s bag, one latency, tiny only, 3 runs (the suite's smoke run)
+    python bench/bench_rtc.py --handover-only # part 1 only: the table docs/control.md shows (deterministic)
 
 1. The demo's sample bag through vla_policy_replay (the node's own tick) with
    chunking independent and rtc, at several simulated latencies: the hand-over
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / 'bench'):       # bench/ too when run other than as a script (test_docs reads --help)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from bench_runtime import camera_frames, random_runtime  # noqa: E402
 from vla_policy_node.observation import Observation  # noqa: E402
@@ -86,6 +88,8 @@ def main(argv=None) -> int:
     parser.add_argument('--depth', type=int, default=2, help='layers of the pi0-shaped config')
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--no-replay', action='store_true', help='only the guidance cost (no bag, no rosbags)')
+    parser.add_argument('--handover-only', action='store_true', help='only the hand-over table (deterministic: '
+                        'test/test_doc_figures.py holds docs/control.md to it)')
     parser.add_argument('--presets', default='tiny,pi0_shallow', help='configs for the guidance cost')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--dtype', default='float32')
@@ -101,6 +105,8 @@ def main(argv=None) -> int:
         work = Path(scratch)
         if not args.no_replay:
             handover_table(work, [float(v) for v in args.latencies_ms.split(',')], duration)
+        if args.handover_only:
+            return 0
         print(f'\ndenoise stage on a cache hit, median of {args.runs} runs ({device}, {dtype}):')
         print('| config | plain | guided | extra |')
         print('|---|---|---|---|')

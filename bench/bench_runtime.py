@@ -251,8 +251,8 @@ def entry_bytes(runtime: PolicyRuntime) -> Dict[str, int]:
     runtime.cache.clear()
     runtime.infer(observation, seed=0)
     context = runtime.cache.get(runtime.prefix_key(observation))
-    element = context.kv.element_size()
-    pad_bytes = context.pad_mask.numel() * context.pad_mask.element_size()
+    element = context['kv'].element_size()
+    pad_bytes = context['pad_mask'].numel() * context['pad_mask'].element_size()
     return {'measured_kv': context.nbytes - pad_bytes, 'measured_total': context.nbytes,
             'analytic': config.kv_entry_bytes(element), 'analytic_total': config.cache_entry_bytes(element),
             'prefix_len': config.prefix_len}

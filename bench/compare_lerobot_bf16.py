@@ -294,7 +294,7 @@ def main() -> int:
         print('\nours (load_checkpoint of that folder)')
         model = our_model(checkpoint, torch.float32)
         ours32 = [our_actions(model, case, args.steps) for case in cases]
-        our_kv32 = model.fill_prefix(*cases[0][:4]).kv.float() if args.per_layer else None
+        our_kv32 = model.fill_prefix(*cases[0][:4])['kv'].float() if args.per_layer else None
         del model
         gc.collect()
         model = our_model(checkpoint, torch.bfloat16)
@@ -302,7 +302,7 @@ def main() -> int:
         from bf16_accuracy import patched
         with patched(round_inputs=True):            # the code before issue 25
             before16 = [our_actions(model, case, args.steps) for case in cases]
-        our_kv16 = model.fill_prefix(*cases[0][:4]).kv.float() if args.per_layer else None
+        our_kv16 = model.fill_prefix(*cases[0][:4])['kv'].float() if args.per_layer else None
         recipe = None
         if args.with_recipe:
             import test_model_parity as parity

@@ -56,8 +56,8 @@ def prepare(folder: Path, quick: bool) -> None:
     sys.path.insert(0, str(ROOT))
     from vla_policy_node.dataset.convert import conversion_settings, convert
     from vla_policy_node.dataset.samples import CommandTrack, Gap, bag_ticks
-    from vla_policy_node.replay.bag_io import BagWriter, bag_topics, get_kilted_typestore, read_messages
-    from vla_policy_node.replay.bag_time import replayed_topics
+    from vla_policy_node.bags.bag_io import BagWriter, bag_topics, get_kilted_typestore, read_messages
+    from vla_policy_node.bags.bag_time import replayed_topics
     from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag
 
     params = folder / 'robot.yaml'

@@ -6,11 +6,13 @@ recipe, int8_weights and fp8 (the CPU reference of the CUDA kernel), plus which 
     python bench/quant_accuracy.py --quick          # 4 layers at 1/4 width, one seed, tiny SmolVLA (a minute)
     python bench/quant_accuracy.py --types smolvla --ablation
 
-pi0 / pi0.5: bench/bf16_accuracy.py's deep model (random weights at 1/sqrt(fan_in), small SigLIP, the same
-inputs and noise for every variant); "recipe" is lerobot's bf16 (test_model_parity.ref_sample_actions on the
-bf16-cast model). SmolVLA: bench_runtime.random_runtime's model at the real shape (SmolVLM2-500M cut to 16
-layers, expert 0.75, chunk 50, weights N(0, 0.02)), two 640x480 frames, through PolicyRuntime (no recipe
-here: bench/compare_lerobot_smolvla.py has lerobot's, it needs lerobot). Errors in the model's normalised
+The family says which model is measured (``recipe_restated``): a family whose model class is pi0's
+(pi0, pi0.5) runs on bench/bf16_accuracy.py's deep model (random weights at 1/sqrt(fan_in), small SigLIP, the
+same inputs and noise for every variant), where "recipe" is lerobot's bf16 (test_model_parity.ref_sample_actions
+on the bf16-cast model). Any other family (SmolVLA) runs bench_runtime.random_runtime's model at the last of
+its ``preset_names`` (the real shape; the first under --quick: SmolVLM2-500M cut to 16 layers, expert 0.75,
+chunk 50, weights N(0, 0.02)), two 640x480 frames, through PolicyRuntime (no recipe here:
+bench/compare_lerobot_smolvla.py has lerobot's, it needs lerobot). Errors in the model's normalised
 action space. int8 / fp8 "(fp32)" compute in fp32 (what the CPU runs), "(bf16)" in bf16 (what a GPU runs).
 
 --ablation: int8_weights' numbers (nothing kept) on one part only (vision, language model, action expert, token
@@ -42,6 +44,7 @@ for _path in (ROOT, ROOT / 'test', ROOT / 'bench'):
         sys.path.insert(0, str(_path))
 
 from vla_policy_node.policy import quant  # noqa: E402
+from vla_policy_node.policy.families import family_class, known_types  # noqa: E402
 from vla_policy_node.policy.families.pi0.model import PiZeroModel  # noqa: E402
 from vla_policy_node.policy.quant import int8_dequantize, int8_weights, quantize_model  # noqa: E402
 import bf16_accuracy  # noqa: E402  (bench/ is on sys.path)
@@ -193,9 +196,23 @@ def paligemma_errors(policy_type: str, depth: int, width_scale: int, steps: int,
     return found
 
 
-# ---- SmolVLA -------------------------------------------------------------------------------------------------
+def recipe_restated(policy_type: str) -> bool:
+    """Whether lerobot's bf16 recipe is restated for this family's model, so the deep model and the recipe
+    apply: the family answers by the model class it builds (test_model_parity.ref_sample_actions and
+    bf16_accuracy.deep_config are written for PiZeroModel)."""
+    return issubclass(family_class(policy_type).model_class, PiZeroModel)
 
-def smolvla_errors(preset_name: str, seed: int, variants: List[Variant]) -> Dict[str, Tuple[float, float]]:
+
+def measured_preset(policy_type: str, quick: bool) -> str:
+    """A family measured through its runtime: its smallest preset under --quick, else its real shape (the
+    family lists ``preset_names`` smallest first, the real shape last)."""
+    names = family_class(policy_type).preset_names
+    return names[0] if quick else names[-1]
+
+
+# ---- any other family, through its runtime -------------------------------------------------------------------
+
+def runtime_errors(preset_name: str, seed: int, variants: List[Variant]) -> Dict[str, Tuple[float, float]]:
     from bench_runtime import camera_frames, random_runtime
     from vla_policy_node.observation import Observation
 
@@ -222,7 +239,7 @@ def smolvla_errors(preset_name: str, seed: int, variants: List[Variant]) -> Dict
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--types', default='pi0,pi05,smolvla')
+    parser.add_argument('--types', default=','.join(known_types()), help='policy types (default: every family)')
     parser.add_argument('--depth', type=int, default=18)
     parser.add_argument('--width-scale', type=int, default=1)
     parser.add_argument('--steps', type=int, default=10)
@@ -239,7 +256,8 @@ def main(argv=None) -> int:
         args.depth, args.width_scale, args.seeds = 4, 4, 1
     torch.set_num_threads(args.threads)
     if args.options:
-        print_options([t.strip() for t in args.types.split(',') if t.strip() != 'smolvla'], args.depth,
+        print_options([t.strip() for t in args.types.split(',') if t.strip() and recipe_restated(t.strip())],
+                      args.depth,
                       args.width_scale, args.steps, args.seeds,
                       [int(row) for row in args.option_rows.split(',') if row.strip()])
         return 0
@@ -250,8 +268,8 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         totals: Dict[str, List[float]] = {}
         for seed in range(args.seeds):
-            if policy_type == 'smolvla':
-                found = smolvla_errors('smolvla_tiny' if args.quick else 'smolvla', seed, variants)
+            if not recipe_restated(policy_type):
+                found = runtime_errors(measured_preset(policy_type, args.quick), seed, variants)
             else:
                 found = paligemma_errors(policy_type, args.depth, args.width_scale, args.steps, seed, variants,
                                          not args.no_recipe)
@@ -259,8 +277,9 @@ def main(argv=None) -> int:
                 total = totals.setdefault(label, [0.0, 0.0])
                 total[0] += e_max
                 total[1] += e_mean
-        if policy_type == 'smolvla':
-            shape = 'smolvla_tiny' if args.quick else 'SmolVLA real shape (16 VLM layers, expert 0.75, chunk 50)'
+        if not recipe_restated(policy_type):
+            shape = f'{policy_type}, preset {measured_preset(policy_type, args.quick)}' + \
+                ('' if args.quick else ' (the real shape)')
         else:
             shape = (f'{policy_type}, gemma_300m/{args.width_scale} x 2 streams, {args.depth} layers, 2 cameras, '
                      f'{args.steps} steps')

@@ -47,8 +47,18 @@ def episodes_table(root):
 
 
 def tasks(root):
+    """task_index -> task, read as lerobot reads meta/tasks.parquet (lerobot 7427f318 io_utils.load_tasks:
+    ``pd.read_parquet``, then ``tasks.index.name = "task"``; dataset_metadata.get_task_index looks a task string
+    up in that index): the task strings must be the frame's pandas index, named by the file's pandas metadata,
+    with ``task_index`` a column. Read here without pandas, from the metadata pandas itself follows."""
     table = pq.read_table(Path(root) / 'meta' / 'tasks.parquet')
-    return dict(zip(table.column('task_index').to_pylist(), table.column('task').to_pylist()))
+    metadata = json.loads((table.schema.metadata or {}).get(b'pandas', b'{}'))
+    index = metadata.get('index_columns')
+    assert index == ['task'], f'tasks.parquet: pandas would read {index} as the index, not the task strings'
+    assert [name for name in table.column_names if name not in index] == ['task_index'], table.column_names
+    strings = table.column('task').to_pylist()
+    assert all(isinstance(task, str) for task in strings) and len(set(strings)) == len(strings), strings
+    return dict(zip(table.column('task_index').to_pylist(), strings))
 
 
 def video_frames(root, key, chunk=0, file=0):

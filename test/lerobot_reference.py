@@ -145,8 +145,8 @@ class LerobotReference:
         images, image_masks = self._images(batch)
         padded_state = F.pad(normalized, (0, self.raw.get('max_state_dim', 32) - normalized.shape[1]))
         noise_t = torch.from_numpy(np.asarray(noise, dtype=np.float32)).reshape(1, *noise.shape[-2:])
-        out = self.model.sample_actions(images, image_masks, tokens, token_masks, padded_state, noise_t,
-                                        num_steps or self.raw.get('num_inference_steps', 10))
+        out = self.model.sample_actions(images, image_masks, tokens, token_masks, padded_state, noise=noise_t,
+                                        num_steps=num_steps or self.raw.get('num_inference_steps', 10))
         actions = out[:, :, :self.action_dim].float()
         actions = self._normalize(actions, self.norm_map['ACTION'], self.action_stats, inverse=True)
         if self.raw.get('use_relative_actions', False):

@@ -48,3 +48,22 @@ def make_observation(images=None, state=None, instruction=INSTRUCTION) -> Observ
     if images is None:
         images = {CAMERAS[0]: rgb_image(1), CAMERAS[1]: rgb_image(2)}
     return Observation(images=images, state=state_vector() if state is None else state, instruction=instruction)
+
+
+def spy_batch_sizes(policy):
+    """Lists that record the batch size of each ``fill_prefix`` (its first prefix input's) and ``euler_loop`` (its
+    actions') call of ``policy`` from now on: whether runtime/batch.py really ran robots together."""
+    fills, loops = [], []
+    fill, loop = policy.fill_prefix, policy.euler_loop
+
+    def spied_fill(*inputs):
+        fills.append(inputs[0].shape[0])
+        return fill(*inputs)
+
+    def spied_loop(chunk):
+        actions = loop(chunk)
+        loops.append(actions.shape[0])
+        return actions
+
+    policy.fill_prefix, policy.euler_loop = spied_fill, spied_loop
+    return fills, loops

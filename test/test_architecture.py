@@ -3,7 +3,9 @@
 docs/architecture.md draws the same layers and seams; when a module moves, both change together.
 
 - The import graph (ast over vla_policy_node/, every import statement, function-level ones included; tests
-  are not part of it) has no cycle, and no module imports a module of a higher layer.
+  are not part of it) has no cycle, not even through the imports under ``if TYPE_CHECKING:`` (annotations
+  point one way too: a Protocol in the lower module, as runtime/view.py), and no module imports a module of a
+  higher layer.
 - Outside policy/families/ no code names a policy family: no identifier, no string that is a name or key
   (no whitespace) and no imported name of a family module; prose (comments, docstrings, messages with
   spaces) may mention one as an example. The places allowed to name one are listed with the reason.
@@ -27,8 +29,8 @@ PACKAGE = ROOT / 'vla_policy_node'
 # A pattern is a module name (that module) or a name ending in '.*' (every module below it); the most
 # specific pattern a module matches gives its layer. A module may import its own layer and the ones below.
 LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ('contracts', ('vla_policy_node', 'vla_policy_node.observation', 'vla_policy_node.images',
-                   'vla_policy_node.observation_checks')),
+    ('contracts', ('vla_policy_node', 'vla_policy_node.observation', 'vla_policy_node.stamp_clock',
+                   'vla_policy_node.images', 'vla_policy_node.observation_checks')),
     ('cache', ('vla_policy_node.cache', 'vla_policy_node.cache.*')),
     ('model blocks', ('vla_policy_node.policy', 'vla_policy_node.policy.*')),
     ('family seam', ('vla_policy_node.policy.family',)),
@@ -36,15 +38,18 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('family registry', ('vla_policy_node.policy.families',)),
     ('model tools', ('vla_policy_node.policy.tiny_default', 'vla_policy_node.policy.builtin')),
     ('wire', ('vla_policy_node.wire', 'vla_policy_node.wire.*')),
-    ('backends', ('vla_policy_node.backends', 'vla_policy_node.fast_path', 'vla_policy_node.runtime',
+    ('backends', ('vla_policy_node.backends', 'vla_policy_node.fast_path', 'vla_policy_node.graph_capture',
+                  'vla_policy_node.runtime',
                   'vla_policy_node.runtime.*', 'vla_policy_node.remote', 'vla_policy_node.remote.*')),
     ('control', ('vla_policy_node.trajectory', 'vla_policy_node.handover', 'vla_policy_node.safety',
                  'vla_policy_node.outputs', 'vla_policy_node.tick')),
     ('parameters', ('vla_policy_node.params',)),
     ('configure', ('vla_policy_node.settings', 'vla_policy_node.remote_settings')),
+    ('bags', ('vla_policy_node.bags', 'vla_policy_node.bags.*')),
     ('applications', ('vla_policy_node.ros', 'vla_policy_node.ros.*', 'vla_policy_node.replay',
                       'vla_policy_node.replay.*', 'vla_policy_node.dataset', 'vla_policy_node.dataset.*',
-                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo')),
+                      'vla_policy_node.doctor', 'vla_policy_node.demo', 'vla_policy_node.train_demo',
+                      'vla_policy_node.fleet', 'vla_policy_node.fleet.*')),
 )
 # A family folder imports another family's modules only where one is built on the other.
 FAMILY_BUILT_ON = {('pi05', 'pi0')}
@@ -70,14 +75,14 @@ def _type_checking_only(tree: ast.AST) -> Set[int]:
     return found
 
 
-def imported_modules(name: str, path: Path, modules: Set[str]) -> Set[str]:
+def imported_modules(name: str, path: Path, modules: Set[str], annotations: bool = False) -> Set[str]:
     """The package's modules that ``name`` imports anywhere in its file, function-level imports included, those
-    under ``if TYPE_CHECKING:`` not (as grimp records them: ``from X import Y`` is X.Y when that is a module,
-    else X)."""
+    under ``if TYPE_CHECKING:`` only with ``annotations`` (as grimp records them: ``from X import Y`` is X.Y when
+    that is a module, else X)."""
     package = name if path.name == '__init__.py' else name.rpartition('.')[0]
     found: Set[str] = set()
     tree = ast.parse(path.read_text(), str(path))
-    annotations_only = _type_checking_only(tree)
+    annotations_only = set() if annotations else _type_checking_only(tree)
     for node in ast.walk(tree):
         if id(node) in annotations_only:
             continue
@@ -95,9 +100,10 @@ def imported_modules(name: str, path: Path, modules: Set[str]) -> Set[str]:
     return {module for module in found if module in modules and module != name}
 
 
-def import_graph(package: Path = PACKAGE) -> Dict[str, Set[str]]:
+def import_graph(package: Path = PACKAGE, annotations: bool = False) -> Dict[str, Set[str]]:
+    """Module -> the modules it imports; ``annotations``: with those under ``if TYPE_CHECKING:``."""
     files = module_files(package)
-    return {name: imported_modules(name, path, set(files)) for name, path in files.items()}
+    return {name: imported_modules(name, path, set(files), annotations) for name, path in files.items()}
 
 
 def layer_of(module: str) -> Optional[int]:
@@ -182,8 +188,32 @@ def cross_family_imports(graph: Dict[str, Set[str]]) -> List[str]:
 
 
 def test_the_import_graph_has_no_cycle():
-    found = cycles(import_graph())
+    found = cycles(import_graph(annotations=True))
     assert not found, 'import cycles: ' + '; '.join(' <-> '.join(group) for group in found)
+
+
+def folder_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """The import graph between the package's folders (a module outside a folder stands for itself): an
+    edge where any module of one imports any module of the other."""
+    def folder(module: str) -> str:
+        parts = module.split('.')
+        return '.'.join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS) else module
+
+    folders: Dict[str, Set[str]] = {}
+    for module, targets in graph.items():
+        mine = folder(module)
+        folders.setdefault(mine, set()).update(folder(t) for t in targets if folder(t) != mine)
+    return folders
+
+
+FOLDERS = {path.name for path in PACKAGE.iterdir() if (path / '__init__.py').is_file()}
+
+
+def test_the_folders_lean_one_way():
+    """Two folders never import each other, at any depth (the replay imports the dataset reader, so the
+    converter takes the bag I/O and the bag-time ticks from bags/, below both)."""
+    found = cycles(folder_graph(import_graph(annotations=True)))
+    assert not found, 'folders that import each other: ' + '; '.join(' <-> '.join(group) for group in found)
 
 
 def test_no_import_runs_up_a_layer():
@@ -225,8 +255,14 @@ def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
                                              'def f():\n    from .a import x\n    from ..params import SPECS\n')
     (package / 'params.py').write_text('')
     (package / 'settings.py').write_text('')
+    (package / 'policy' / 'c.py').write_text('from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n'
+                                             '    from .d import D\n')
+    (package / 'policy' / 'd.py').write_text('from . import c\n')
     graph = import_graph(package)
     assert cycles(graph) == [['vla_policy_node.policy.a', 'vla_policy_node.policy.b']]
+    assert cycles(import_graph(package, annotations=True)) == [
+        ['vla_policy_node.policy.a', 'vla_policy_node.policy.b'],
+        ['vla_policy_node.policy.c', 'vla_policy_node.policy.d']]
     assert layer_violations(graph) == ['vla_policy_node.policy.b (model blocks) imports vla_policy_node.params '
                                        '(parameters)']
 
@@ -363,26 +399,50 @@ def registered_families():
     return [family_class(type_name) for type_name in known_types()]
 
 
+def declarations():
+    """(base, what it declares for a subclass to give): the abstract members (``__abstractmethods__``) and, for
+    the family, the class attributes declared without a value, read from policy/family.py's classes."""
+    from vla_policy_node.policy.family import PolicyFamily, PolicyLevelConfig, PolicyModel, required_class_attributes
+    return [(PolicyFamily, PolicyFamily.__abstractmethods__ | required_class_attributes(PolicyFamily)),
+            (PolicyModel, PolicyModel.__abstractmethods__), (PolicyLevelConfig, PolicyLevelConfig.__abstractmethods__)]
+
+
 @pytest.mark.parametrize('family', registered_families(), ids=lambda family: family.type_name)
 def test_every_family_implements_the_declared_interface(family):
-    """What policy/family.py declares and leaves to the family is implemented, on the family and on its model."""
-    from vla_policy_node.policy.family import PolicyFamily, PolicyModel
-
-    class_level = ('parse_config', 'load_checkpoint', 'save_checkpoint', 'tiny_config', 'build_test_tokenizer',
-                   'tokenizer_source', 'preset', 'stage_flops')
-    missing = [name for name in class_level + ('prompt_tokens', 'image_to_model')
-               if getattr(family, name) is getattr(PolicyFamily, name, None)]
-    assert not missing, f'{family.__name__} leaves {missing} to the base class'
-    assert family.model_class is not None and issubclass(family.model_class, PolicyModel)
-    model_calls = ('fill_prefix', 'workspace_spec', 'chunk_setup', 'euler_loop')
-    assert not [name for name in model_calls if getattr(family.model_class, name) is getattr(PolicyModel, name)]
-    assert family.tokenizer_class is not None and family.tokenizer_hint and family.preset_names
+    """What policy/family.py declares is implemented by the family, its model and its config (read from the
+    classes, so a member added there is checked here without a list to update), and the class-level calls
+    answer."""
     config = family.tiny_config()
+    for (base, declared), cls in zip(declarations(), (family, family.model_class, type(config))):
+        assert declared and issubclass(cls, base) and not cls.__abstractmethods__, (cls, cls.__abstractmethods__)
+        assert all(getattr(cls, name, None) is not None for name in declared)
     assert config.policy_type == family.type_name
     flops = family.stage_flops(config, 3)
     assert set(flops) == {'prefix', 'denoise'} and min(flops.values()) > 0
     source = family.tokenizer_source(config)
     assert source.file_name in ('tokenizer.model', 'tokenizer.json') and source.hub_name
+
+
+@pytest.mark.parametrize('which', ['family', 'model', 'config'])
+def test_a_class_missing_a_declared_member_fails_where_it_is_defined(which):
+    """Every declared member, taken away from a working subclass one at a time, makes the class statement
+    itself a TypeError naming it (the registry calls classmethods on classes it never instantiates)."""
+    from vla_policy_node.policy.families import family_class
+    family = family_class(registered_families()[0].type_name)
+    base, declared = dict(zip(('family', 'model', 'config'), declarations()))[which]
+    working = {'family': family, 'model': family.model_class, 'config': type(family.tiny_config())}[which]
+    type('StillWhole', (working,), {})                                  # the working class subclasses fine
+    type('OnPurpose', (base,), {}, abstract=True)                       # an abstract base on purpose too
+    for name in sorted(declared):
+        stub = vars(base).get(name)                                     # the abstract stub, or no value at all
+        with pytest.raises(TypeError, match=f'does not implement.*{name}'):
+            type('Missing', (working,), {name: stub})
+
+
+def test_a_family_with_a_model_that_is_no_policy_model_is_refused():
+    family = registered_families()[0]
+    with pytest.raises(TypeError, match='model_class must be a PolicyModel'):
+        type('Wrong', (family,), {'model_class': dict})
 
 
 def test_presets_are_unique_across_the_registry_and_each_builds():
@@ -412,3 +472,17 @@ def test_an_option_no_family_knows_is_refused_as_unknown(tmp_path):
         PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32', cache_max_byte=1 << 20)
     with pytest.raises(ValueError, match="unknown options 'a_b', 'z'"):
         load_policy(folder, torch.device('cpu'), torch.float32, z=False, a_b=1)
+
+
+def test_a_remote_policy_offers_the_policy_level_fields_from_the_one_declaration():
+    """RemoteConfig is a PolicyLevelFields (no field copied by hand): every field the tick and the parameter
+    table read, with the robot's dimensions unpadded and the whole chunk executable."""
+    import dataclasses
+
+    from vla_policy_node.policy.family import PolicyLevelFields
+    from vla_policy_node.remote_settings import RemoteConfig
+    config = RemoteConfig(camera_names=('top',), state_dim=7, action_dim=6, chunk_size=30)
+    assert isinstance(config, PolicyLevelFields)
+    assert {f.name for f in dataclasses.fields(PolicyLevelFields)} <= {f.name for f in dataclasses.fields(config)}
+    assert (config.max_state_dim, config.max_action_dim, config.n_action_steps) == (7, 6, 30)
+    assert config.all_camera_names == ('top',) and config.policy_level_problems() is None

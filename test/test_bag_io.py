@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image as PilImage
 
-from vla_policy_node.replay import bag_io
-from vla_policy_node.replay.bag_io import (
+from vla_policy_node.bags import bag_io
+from vla_policy_node.bags.bag_io import (
     BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of)
 from vla_policy_node.replay.make_bag import (
     COMMAND_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, JPEG_FORMAT, ROW_PADDING_BYTES,

@@ -1,10 +1,12 @@
-"""Every script in bench/ runs: its --quick mode as a process exits 0 and prints its table.
+"""Every script in bench/ runs: its smoke run (--quick; gpu_checks.py: --device cpu --dry-run) exits 0 and
+prints its table.
 
 Nothing here looks at a figure (timing never goes into tests); a benchmark that crashes half way through
 (a renamed argument, a moved module) fails here instead of on a user's first try. A script that needs what
-this machine may lack (lerobot, a CUDA device) exits 2 with ``skipped: needs X``; that is accepted for
+this machine may lack (lerobot) exits 2 with ``skipped: needs X``; that is accepted for
 those scripts only, for that reason only.
 """
+import json
 import os
 import re
 import subprocess
@@ -22,9 +24,13 @@ QUICK_RUNS = {
     'bench_rtc.py': (['--quick'], r'\| 150 ms \| rtc \| \d+ \|.*\n(.*\n)*\| tiny \(\d+ layers\) \| [\d.]+ ms \|'),
     'bench_cpu_threads.py': (['--quick'], r'\| 0 \(auto\) \| \d+ \| [\d.]+ \|'),
     'bench_remote.py': (['--quick'], r'remote, raw frames +[\d.]+ /'),
+    'bench_fleet.py': (['--quick'], r'N = 8: throughput \(saturated\) batching / serial = [\d.]+x(.*\n)+'
+                                    r'N = 8: hit rate affinity [\d.]+'),
+    'bench_camera_clock.py': (['--quick'], r'\| 1e6 s ahead \| back \| (?:[\d.]+|> [\d.]+) \|'),
     'bf16_accuracy.py': (['--quick'], r'ours / before = [\d.]+x max'),
     'flops.py': (['--quick'], r'\| tiny \| pi0 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \|'),
-    'gpu_checks.py': (['--quick'], r'all checks passed'),
+    # the whole script through the strict CUDA-capture stand-in, so the device script cannot rot (~1 min alone)
+    'gpu_checks.py': (['--device', 'cpu', '--dry-run', '--output', 'gpu_checks.json'], r'all checks passed'),
     'compare_lerobot_dataset.py': (['--quick'], r'meta/stats.json vs lerobot'),
     'compare_lerobot_smolvla.py': (['--quick'], r'lerobot vs ours'),
     'compare_lerobot_groot.py': (['--quick'], r'lerobot vs ours, fp32 cases: actions within'),
@@ -34,14 +40,15 @@ QUICK_RUNS = {
 }
 # The only scripts allowed to skip, and what they may say they need.
 MAY_SKIP = {
-    'gpu_checks.py': 'a CUDA device',
+    'bench_camera_clock.py': 'rclpy',
     'compare_lerobot_dataset.py': 'lerobot',
     'compare_lerobot_smolvla.py': 'lerobot',
     'compare_lerobot_groot.py': 'lerobot',
     'compare_lerobot_bf16.py': 'lerobot',
 }
 # Tens of seconds each on a shared 2-core machine (several processes, a replay of a bag, deep models).
-SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'quant_accuracy.py'}
+SLOW = {'bench_rtc.py', 'bench_cpu_threads.py', 'bench_remote.py', 'bench_fleet.py', 'quant_accuracy.py',
+        'gpu_checks.py', 'bench_camera_clock.py'}
 
 
 def _scripts():
@@ -69,3 +76,7 @@ def test_quick_mode_runs_and_prints_its_table(name, tmp_path):
     assert done.returncode == 0, f'{name} exited {done.returncode}:\n{output[-3000:]}'
     assert re.search(table, done.stdout), f'{name} did not print its table:\n{done.stdout[-3000:]}'
     assert 'Traceback' not in output, output[-3000:]
+    if name == 'gpu_checks.py':                  # what a user with a GPU reads: the JSON, every check in it
+        results = json.loads((tmp_path / 'gpu_checks.json').read_text())
+        assert results['dry_run'] and results['failures'] == [] and len(results['checks']) > 50
+        assert any(check['name'].startswith('warm-up captured every bucket') for check in results['checks'])

@@ -13,8 +13,7 @@ from safetensors.torch import load_file, save_file
 from runtime_fixtures import make_observation, tiny_checkpoints  # noqa: F401
 from vla_policy_node.cache.key import weights_digest
 from vla_policy_node.policy.checkpoint import CheckpointError
-from vla_policy_node.policy.families import load_checkpoint, save_checkpoint
-from vla_policy_node.policy.families.pi0.config import preset
+from vla_policy_node.policy.families import family_class, load_checkpoint, save_checkpoint
 from vla_policy_node.policy.tiny_default import random_model, statistics
 from vla_policy_node.policy.families.pi0.tiny_tokenizer import build_test_tokenizer
 from vla_policy_node.runtime import PolicyRuntime
@@ -59,7 +58,7 @@ def rewrite_weights(folder: Path, edit) -> None:
 # ---- round trip -------------------------------------------------------------------------------
 
 def test_round_trip_state_dict_and_actions(tmp_path, policy_type):
-    config = preset('tiny', policy_type=policy_type)
+    config = family_class(policy_type).tiny_config()
     model = random_model(config, seed=3)
     tokenizer = build_test_tokenizer(tmp_path / 'tok', vocab_size=512)
     save_checkpoint(tmp_path / 'ckpt', model, statistics(config.state_dim, 0.5), statistics(config.action_dim, 0.2),

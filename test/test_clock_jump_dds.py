@@ -32,12 +32,12 @@ def test_a_second_pass_of_the_bag_holds_once_and_is_followed(tmp_path):
     try:
         proc.wait_for_state(rig, 'active', timeout=60)
         assert play(bag, rate=0.5, context=rig.context, node_name='first_pass', wait_for_subscribers=10.0) > 0
-        first = rig.wait_for_diagnostics(lambda d: diag_int(d, 'chunks_published') > 0, timeout=10)
+        first = rig.wait_for_diagnostics(lambda d: diag_int(d, 'chunks_published') > 0, timeout=30)
         assert first is not None, proc.log_tail()
         before = rig.trajectory_count()
         assert play(bag, rate=0.5, context=rig.context, node_name='second_pass', wait_for_subscribers=10.0) > 0
         time.sleep(0.5)
-        values = rig.wait_for_diagnostics(lambda d: diag_int(d, 'holds_clock_jump') >= 1, timeout=10)
+        values = rig.wait_for_diagnostics(lambda d: diag_int(d, 'holds_clock_jump') >= 1, timeout=30)
         assert values is not None, f'{rig.last_diagnostics()}\n{proc.log_tail()}'
         assert diag_int(values, 'holds_clock_jump') == 1
         # The second pass is not read against the first one's stamps.
@@ -48,9 +48,10 @@ def test_a_second_pass_of_the_bag_holds_once_and_is_followed(tmp_path):
         check_jtc(second[0], JOINTS, points=1, zero_stamp=True)
         assert any(not is_hold(m) for m in second[1:]), 'no policy trajectory in the second pass'
         assert diag_int(values, 'chunks_published') > diag_int(first, 'chunks_published')
-        assert proc.wait_for_log(lambda line: 'ROS time jumped back by' in line, timeout=2), proc.log_tail()
+        assert proc.wait_for_log(lambda line: 'ROS time jumped back by' in line, timeout=10), proc.log_tail()
     finally:
         proc.stop()
+        proc.print_log()             # shown for a failing test only
         rig.close()
 
 
@@ -71,7 +72,7 @@ def test_clock_back_before_new_frames_drops_the_old_ones(tmp_path):
         rig.wait_for_trajectories(3, timeout=30)
         rig.stop_streaming()
         rig.stop_clock()
-        before = rig.wait_for_diagnostics(lambda d: diag_int(d, 'chunks_published') > 0, timeout=10)
+        before = rig.wait_for_diagnostics(lambda d: diag_int(d, 'chunks_published') > 0, timeout=30)
         count = rig.trajectory_count()
         rig.start_clock(start_ns - 20 * NS)          # 20 s back; the frames of the old timeline are 20 s ahead
         time.sleep(2.0)                               # ticks run on the new clock without new frames
@@ -90,4 +91,5 @@ def test_clock_back_before_new_frames_drops_the_old_ones(tmp_path):
         rig.stop_streaming()
         rig.stop_clock()
         proc.stop()
+        proc.print_log()             # shown for a failing test only
         rig.close()

@@ -8,9 +8,8 @@ import torch
 
 from runtime_fixtures import tiny_checkpoints  # noqa: F401
 from vla_policy_node.policy.checkpoint import CheckpointError
-from vla_policy_node.policy.families import load_checkpoint
-from vla_policy_node.policy.families.pi0.config import (CONFIG_FIELDS, DEFAULT_ONLY, IMPLEMENTED, LEROBOT_CONFIG_FIELDS,
-                                                        METADATA, TRAINING, ConfigError, PolicyConfig, preset)
+from vla_policy_node.policy.config_fields import DEFAULT_ONLY, IMPLEMENTED, METADATA, TRAINING, ConfigError
+from vla_policy_node.policy.families import family_class, load_checkpoint
 
 # The fields of lerobot's configs with the values its draccus dump writes for a default config, in dataclass
 # order, read from huggingface/lerobot 7427f31801f944f5ec9ce53cda02862ce7d1638b:
@@ -55,29 +54,36 @@ def test_the_field_lists_are_lerobots():
     assert len(LEROBOT_PI0_CONFIG) == 48 and len(LEROBOT_PI05_CONFIG) == 54
 
 
+def parse(raw: dict):
+    """config.json -> the config of the family its type names (the registry's dispatch)."""
+    return family_class(raw['type'] if raw.get('type') in ('pi0', 'pi05') else 'pi0').parse_config(raw)
+
+
 @pytest.mark.parametrize('policy_type', ['pi0', 'pi05'])
 def test_every_lerobot_field_is_classified_for_its_type(policy_type):
     fields = set(LEROBOT_CONFIGS[policy_type]) | {'type'}
-    classified = {entry.name for entry in LEROBOT_CONFIG_FIELDS if policy_type in entry.policy_types}
-    assert not fields - classified, f'lerobot {policy_type} fields missing from LEROBOT_CONFIG_FIELDS'
+    classified = set(family_class(policy_type).config_fields())
+    assert not fields - classified, f'lerobot {policy_type} fields missing from its family\'s field table'
     # Nothing stale either: only this project's model_sizes is not a lerobot field.
     assert classified - fields == {'model_sizes'}
 
 
-def test_the_table_is_well_formed():
-    assert len(CONFIG_FIELDS) == len(LEROBOT_CONFIG_FIELDS)
-    for entry in LEROBOT_CONFIG_FIELDS:
+@pytest.mark.parametrize('policy_type', ['pi0', 'pi05'])
+def test_the_table_is_well_formed(policy_type):
+    table = family_class(policy_type).config_fields()
+    for entry in table.values():
         assert entry.handling in (IMPLEMENTED, TRAINING, METADATA, DEFAULT_ONLY), entry
         assert bool(entry.accepted) == (entry.handling == DEFAULT_ONLY), entry
         assert entry.why, entry
     # Real-time chunking is implemented: a trained delay is read, lerobot's rollout RTC settings are not ours.
-    assert CONFIG_FIELDS['rtc_training_max_delay'].handling == IMPLEMENTED
-    assert CONFIG_FIELDS['rtc_config'].handling == METADATA
+    assert table['rtc_config'].handling == METADATA
+    if policy_type == 'pi05':
+        assert table['rtc_training_max_delay'].handling == IMPLEMENTED
 
 
 def full_config(policy_type: str, **changes) -> dict:
     """A config.json as lerobot writes it: every field, plus the tiny model's features and sizes."""
-    tiny = preset('tiny', policy_type=policy_type).to_lerobot_dict()
+    tiny = family_class(policy_type).tiny_config().to_lerobot_dict()
     raw = dict(LEROBOT_CONFIGS[policy_type], type=policy_type)
     for key in ('input_features', 'output_features', 'model_sizes', 'image_resolution', 'chunk_size',
                 'n_action_steps', 'tokenizer_max_length'):
@@ -88,7 +94,7 @@ def full_config(policy_type: str, **changes) -> dict:
 
 @pytest.mark.parametrize('policy_type', ['pi0', 'pi05'])
 def test_a_complete_lerobot_config_loads(policy_type):
-    config = PolicyConfig.from_lerobot_dict(full_config(policy_type))
+    config = parse(full_config(policy_type))
     assert config.policy_type == policy_type and not config.use_relative_actions
     assert config.relative_exclude_joints == ('gripper',) and config.action_feature_names is None
 
@@ -99,7 +105,7 @@ def test_training_and_metadata_fields_load_with_any_value(policy_type):
                'freeze_vision_encoder': True, 'time_sampling_beta_alpha': 3.0, 'scheduler_decay_steps': 5,
                'device': 'mps', 'use_amp': True, 'push_to_hub': False, 'repo_id': 'me/pi', 'tags': ['x'],
                'pretrained_path': '/models/base', 'dtype': 'bfloat16'}
-    PolicyConfig.from_lerobot_dict(full_config(policy_type, **changes))
+    parse(full_config(policy_type, **changes))
 
 
 REFUSED = [
@@ -113,17 +119,17 @@ REFUSED = [
 
 
 def test_rtc_fields_load_a_trained_delay_and_leave_rollout_settings_to_the_node():
-    config = PolicyConfig.from_lerobot_dict(full_config('pi05', rtc_training_max_delay=5))
+    config = parse(full_config('pi05', rtc_training_max_delay=5))
     assert config.rtc_training_max_delay == 5
-    assert PolicyConfig.from_lerobot_dict(full_config('pi0', rtc_config={'enabled': True})).rtc_training_max_delay == 0
+    assert parse(full_config('pi0', rtc_config={'enabled': True})).rtc_training_max_delay == 0
     with pytest.raises(ConfigError, match='rtc_training_max_delay'):
-        PolicyConfig.from_lerobot_dict(full_config('pi05', rtc_training_max_delay=10))   # not below chunk_size
+        parse(full_config('pi05', rtc_training_max_delay=10))   # not below chunk_size
 
 
 @pytest.mark.parametrize('policy_type, name, value, shown', REFUSED)
 def test_an_unimplemented_field_off_its_default_is_refused_naming_field_and_value(policy_type, name, value, shown):
     with pytest.raises(ConfigError) as info:
-        PolicyConfig.from_lerobot_dict(full_config(policy_type, **{name: value}))
+        parse(full_config(policy_type, **{name: value}))
     assert name in str(info.value) and shown in str(info.value)
 
 
@@ -135,7 +141,7 @@ def test_an_unimplemented_field_off_its_default_is_refused_naming_field_and_valu
 ])
 def test_unknown_fields_are_refused_by_name(policy_type, key):
     with pytest.raises(ConfigError) as info:
-        PolicyConfig.from_lerobot_dict(full_config(policy_type, **{key: False}))
+        parse(full_config(policy_type, **{key: False}))
     assert key in str(info.value)
 
 
@@ -146,7 +152,7 @@ def test_unknown_fields_are_refused_by_name(policy_type, key):
 ])
 def test_normalisation_modes_we_do_not_compute_are_refused(mapping, named):
     with pytest.raises(ConfigError) as info:
-        PolicyConfig.from_lerobot_dict(full_config('pi0', normalization_mapping=mapping))
+        parse(full_config('pi0', normalization_mapping=mapping))
     assert named in str(info.value)
 
 
@@ -163,19 +169,19 @@ def test_every_lerobot_normalisation_mode_loads_for_state_and_action(mode, tmp_p
 @pytest.mark.parametrize('type_value', ['act', 'pi0_fast', None, 'smolvla'])
 def test_an_unknown_type_is_refused_naming_it(type_value):
     with pytest.raises(ConfigError) as info:
-        PolicyConfig.from_lerobot_dict(full_config('pi0', type=type_value))
+        parse(full_config('pi0', type=type_value))
     assert repr(type_value) in str(info.value)
 
 
 def test_relative_fields_are_read():
-    config = PolicyConfig.from_lerobot_dict(full_config(
+    config = parse(full_config(
         'pi0', use_relative_actions=True, relative_exclude_joints=['Gripper', 'wrist'],
         action_feature_names=['a.pos', 'b.pos', 'c.pos', 'd.pos', 'e.pos', 'f.pos']))
     assert config.use_relative_actions
     assert config.relative_exclude_joints == ('Gripper', 'wrist')
     assert config.action_feature_names == ('a.pos', 'b.pos', 'c.pos', 'd.pos', 'e.pos', 'f.pos')
     # null exclusions: every joint relative, as lerobot's empty list
-    assert PolicyConfig.from_lerobot_dict(full_config('pi0', relative_exclude_joints=None)).relative_exclude_joints \
+    assert parse(full_config('pi0', relative_exclude_joints=None)).relative_exclude_joints \
         == ()
 
 
@@ -183,16 +189,16 @@ def test_relative_fields_are_read():
                                          ('action_feature_names', [1, 2])])
 def test_malformed_relative_fields_are_refused(name, value):
     with pytest.raises(ConfigError, match=name):
-        PolicyConfig.from_lerobot_dict(full_config('pi0', **{name: value}))
+        parse(full_config('pi0', **{name: value}))
 
 
 def test_relative_actions_with_a_state_shorter_than_the_action_are_refused():
     raw = full_config('pi0', use_relative_actions=True)
     raw['input_features']['observation.state']['shape'] = [4]        # action_dim is 6
     with pytest.raises(ConfigError, match='state_dim 4 < action_dim 6'):
-        PolicyConfig.from_lerobot_dict(raw)
+        parse(raw)
     raw['use_relative_actions'] = False                               # absolute actions: fine
-    assert PolicyConfig.from_lerobot_dict(raw).state_dim == 4
+    assert parse(raw).state_dim == 4
 
 
 def _edit(folder: Path, name: str, edit) -> None:

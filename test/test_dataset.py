@@ -14,8 +14,8 @@ pytest.importorskip('av')
 import dataset_reading as dr  # noqa: E402
 from vla_policy_node.dataset import DatasetError  # noqa: E402
 from vla_policy_node.dataset.convert import convert, main as convert_main  # noqa: E402
-from vla_policy_node.replay.bag_io import (BagError, BagWriter, bag_topics, get_kilted_typestore,  # noqa: E402
-                                           read_messages)
+from vla_policy_node.bags.bag_io import (BagError, BagWriter, bag_topics, get_kilted_typestore,  # noqa: E402
+                                         read_messages)
 from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag  # noqa: E402
 from vla_policy_node.replay.offline import replay  # noqa: E402
 
@@ -263,6 +263,111 @@ def test_stats_match_an_independent_computation(dataset, edited_bag):
     assert written['timestamp']['count'] == [len(ticks)] and written['index']['max'] == [len(ticks) - 1]
 
 
+def lerobot_sample_indices(frames):
+    """The frames of an episode lerobot reads for its image statistics, restated from lerobot 7427f318
+    ``src/lerobot/datasets/compute_stats.py`` (``estimate_num_samples``: every frame below 100, then 100 up
+    to ~464 frames and frames ** 0.75 beyond, at most 10 000; ``sample_indices``: evenly spaced, rounded)."""
+    count = max(min(100, frames), min(int(frames ** 0.75), 10_000))
+    return np.round(np.linspace(0, frames - 1, count)).astype(int).tolist()
+
+
+@pytest.fixture(scope='module')
+def long_episode(params, tmp_path_factory):
+    """One episode of more than 100 frames, where lerobot reads 100 of them for the image statistics; the
+    cameras at the tick rate, so each frame is one tick's. The base camera's frame at a tick lerobot skips is
+    all white, at the last tick (which it always reads) all black."""
+    spec = SampleBagSpec(duration_sec=14.0, camera_rate_hz=10.0, compressed_cameras=('left_wrist_0_rgb',))
+    plain = write_sample_bag(tmp_path_factory.mktemp('long') / 'bag', spec)
+    streams = bag_streams(plain)
+    ticks = [t for run in _runs(expected_ticks(plain, streams)) for t in run]
+    chosen = lerobot_sample_indices(len(ticks))
+    topic = camera_topics()[0]
+    seen = [dr.newest_before(streams[topic], t) for t in ticks]
+    skipped = next(k for k in range(len(ticks)) if k not in chosen)
+    painted = {seen[skipped][0]: 255, seen[-1][0]: 0}          # receive time -> the value of every byte
+    assert seen[skipped][0] not in {seen[k][0] for k in chosen}
+    image = get_kilted_typestore().types['sensor_msgs/msg/Image']
+
+    def paint(name, t, raw):
+        if name != topic or t not in painted:
+            return raw
+        msg = dict(seen)[t]
+        return image(header=msg.header, height=msg.height, width=msg.width, encoding=msg.encoding,
+                     is_bigendian=msg.is_bigendian, step=msg.step,
+                     data=np.full(len(msg.data), painted[t], dtype=np.uint8))
+
+    bag = edit_bag(plain, tmp_path_factory.mktemp('long') / 'painted', replace=paint)
+    out = tmp_path_factory.mktemp('datasets') / 'long'
+    convert(out, [bag], params)
+    return bag, out
+
+
+def test_image_stats_of_a_long_episode_read_the_frames_lerobot_reads(long_episode):
+    bag, dataset = long_episode
+    streams = bag_streams(bag)
+    ticks = [t for run in _runs(expected_ticks(bag, streams)) for t in run]
+    assert len(dr.episodes_table(dataset)) == 1 and len(ticks) > 120
+    chosen = lerobot_sample_indices(len(ticks))
+    assert len(chosen) == 100
+    written = dr.stats(dataset)
+    episode = dr.episodes_table(dataset)[0]
+    for topic, camera in zip(camera_topics(), CAMERAS):
+        frames = np.stack([dr.rgb_of(dr.newest_before(streams[topic], t)[1]) for t in ticks])
+        sampled = frames[chosen].reshape(-1, 3) / 255.0
+        key = f'observation.images.{camera}'
+        own = {name: episode[f'stats/{key}/{name}'] for name in ('mean', 'min', 'max', 'count')}
+        for figures in (written[key], own):
+            assert figures['count'] == [100]
+            np.testing.assert_allclose(np.ravel(figures['min']), sampled.min(axis=0), atol=1e-7)
+            np.testing.assert_allclose(np.ravel(figures['max']), sampled.max(axis=0), atol=1e-7)
+            # float32 sums over 300 000 pixels, as lerobot adds them: within 1e-3 (one white frame moves it 5e-3)
+            np.testing.assert_allclose(np.ravel(figures['mean']), sampled.mean(axis=0), atol=1e-3)
+        if camera == CAMERAS[0]:     # the white frame lerobot skips would move the mean by 4e-3
+            every = frames.reshape(-1, 3) / 255.0
+            assert np.abs(np.ravel(written[key]['mean']) - every.mean(axis=0)).min() > 2e-3
+
+
+def test_each_episode_owns_the_rows_from_its_from_index_to_its_exclusive_to_index(
+        plain_bag, edited_bag, params, tmp_path):
+    """lerobot 7427f318 ``dataset_reader._get_query_indices``: an episode's rows are ``index`` in
+    [dataset_from_index, dataset_to_index), the last one at dataset_to_index - 1 (a frame at or past it is
+    padding); the next episode starts at this one's dataset_to_index (``dataset_writer.save_episode``)."""
+    out = tmp_path / 'two_bags'
+    convert(out, [plain_bag, edited_bag], params)
+    rows = dr.frames_table(out)
+    episodes = dr.episodes_table(out)
+    assert len(episodes) == 3
+    for episode in episodes:
+        mine = rows['index'][rows['episode_index'] == episode['episode_index']]
+        assert mine.tolist() == list(range(episode['dataset_from_index'], episode['dataset_to_index']))
+        assert len(mine) == episode['length']
+        for camera in CAMERAS:
+            key = f'observation.images.{camera}'
+            span = episode[f'videos/{key}/to_timestamp'] - episode[f'videos/{key}/from_timestamp']
+            assert span == pytest.approx(episode['length'] / 10)
+    assert [e['dataset_from_index'] for e in episodes[1:]] == [e['dataset_to_index'] for e in episodes[:-1]]
+    assert episodes[-1]['dataset_to_index'] == dr.info(out)['total_frames'] == len(rows['index'])
+
+
+def test_tasks_parquet_is_indexed_by_the_task_strings(dataset):
+    """lerobot reads meta/tasks.parquet with pandas and looks a task up by its string in the index
+    (dataset_reading.tasks says how); every frame's task_index is that of its episode's task there."""
+    try:
+        import pandas
+    except ImportError:
+        pandas = None
+    names = dr.tasks(dataset)
+    by_string = {task: index for index, task in names.items()}
+    rows = dr.frames_table(dataset)
+    for episode in dr.episodes_table(dataset):
+        mine = set(rows['task_index'][rows['episode_index'] == episode['episode_index']].tolist())
+        assert mine == {by_string[task] for task in episode['tasks']}
+    if pandas is not None:      # lerobot's own reading, where pandas is installed
+        table = pandas.read_parquet(dataset / 'meta' / 'tasks.parquet')
+        assert table.index.name == 'task'
+        assert {task: int(table.loc[task].task_index) for task in table.index} == by_string
+
+
 def order_statistic(values, q):
     """Per column, the smallest value with at least q * n values at or below it."""
     ordered = np.sort(values, axis=0)
@@ -301,7 +406,7 @@ def test_episodes_split_per_instruction(edited_bag, params, tmp_path):
         chosen = rows['task_index'][rows['episode_index'] == episode['episode_index']]
         assert len(set(chosen)) == 1 and len(episode['tasks']) == 1
     assert [e['tasks'][0] for e in episodes] == ['pick up the red block', SECOND_TASK, SECOND_TASK]
-    assert dr.info(out)['total_frames'] == dr.info(out)['total_frames'] == sum(e['length'] for e in episodes)
+    assert dr.info(out)['total_frames'] == len(rows['index']) == sum(e['length'] for e in episodes)
 
 
 def test_several_bags_append_episodes(plain_bag, edited_bag, params, tmp_path):

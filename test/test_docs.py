@@ -187,7 +187,7 @@ def _help(target: List[str]) -> str:
     out = io.StringIO()
     argv = sys.argv
     try:
-        sys.argv = [target[-1], '--help']
+        sys.argv = [target[1], *target[2:], '--help']          # target[2:]: a subcommand (vla_policy_fleet up)
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
             if target[0] == 'path':
                 runpy.run_path(str(ROOT / target[1]), run_name='__main__')
@@ -207,7 +207,7 @@ def _options(words: List[str]) -> List[str]:
 def test_documented_commands_use_options_that_exist():
     scripts = console_scripts()
     makefile = (ROOT / 'Makefile').read_text()
-    targets = set(re.findall(r'^([a-z]+):', makefile, re.M))
+    targets = set(re.findall(r'^([a-z][a-z0-9-]*):', makefile, re.M))
     variables = set(re.findall(r'^([A-Z_]+) \?=', makefile, re.M))
     launch_file = (ROOT / 'launch' / 'vla_policy.launch.py').read_text()
     launch_args = set(re.findall(r"DeclareLaunchArgument\(\s*'(\w+)'", launch_file))
@@ -227,6 +227,8 @@ def test_documented_commands_use_options_that_exist():
                 target, rest = ('module', words[2]), words[3:]
             else:
                 target, rest = ('path', words[1]), words[2:]
+            while rest and not rest[0].startswith('-') and re.fullmatch(r'[a-z][a-z-]*', rest[0]):
+                target, rest = target + (rest[0],), rest[1:]          # a subcommand's own options
             options = _options(rest)
             if not options:
                 continue
@@ -261,7 +263,7 @@ def test_outputs_page_shows_the_shipped_demo_outputs_file():
 def test_outputs_page_replay_command_feeds_both_controllers(tmp_path):
     pytest.importorskip('rclpy')
     from dds_helpers import check_jtc
-    from vla_policy_node.replay.bag_io import read_messages
+    from vla_policy_node.bags.bag_io import read_messages
     from vla_policy_node.replay.make_bag import write_sample_bag
     from vla_policy_node.train_demo import DEMO_BAG_SPEC
 

@@ -10,6 +10,8 @@ import pytest
 
 from vla_policy_node.policy.tiny_default import write_tiny_default
 
+ROOT = Path(__file__).resolve().parents[1]
+
 BIN = Path(sys.executable).parent
 
 
@@ -120,6 +122,20 @@ def test_the_embedded_default_is_named_as_the_node_names_it():
     # Its training.json records the action period it was trained with (0.1 s): no 50 Hz assumed.
     assert 'action_period_sec: 0.1   # 1 / the training data\'s fps: 10 fps, recorded in training.json' in done.stdout
     assert 'ASSUMED' not in done.stdout
+
+
+def test_the_embedded_default_says_why_the_shipped_config_runs_it_otherwise(tiny):
+    """The doctor's block follows the rules of docs/parameters.md (2 Hz, rtc for a 1 s trajectory); the shipped
+    params files run builtin:demo at their own rate and chunking, and the doctor says which and why."""
+    import yaml
+    shipped = yaml.safe_load((ROOT / 'config' / 'vla_policy.yaml').read_text())['/**/vla_policy']['ros__parameters']
+    demo = yaml.safe_load((ROOT / 'config' / 'demo.yaml').read_text())['/**']['ros__parameters']
+    assert demo['control_rate_hz'] == shipped['control_rate_hz'] and 'chunking' not in demo
+    out = _doctor('builtin:demo').stdout
+    assert 'control_rate_hz: 2.0' in out and 'chunking: "rtc"' in out
+    assert f"control_rate_hz {float(shipped['control_rate_hz'])} and chunking \"{shipped['chunking']}\"" in out
+    assert 'replan at every action' in out
+    assert 'run builtin:demo otherwise' not in _doctor(str(tiny)).stdout
 
 
 def _lerobot_trained(tiny, folder, train_config):

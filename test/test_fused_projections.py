@@ -5,8 +5,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from vla_policy_node.policy.families import load_checkpoint, save_checkpoint
-from vla_policy_node.policy.families.pi0.config import preset
+from vla_policy_node.policy.families import family_class, load_checkpoint, save_checkpoint
 from vla_policy_node.policy.gemma import GemmaSize
 from vla_policy_node.policy.gemma import GemmaSelfAttention
 from vla_policy_node.policy.layers import FusedProjection, GemmaMLP, fuse_projections, rope_cos_sin
@@ -19,7 +18,7 @@ SIZE = GemmaSize(width=64, depth=1, mlp_dim=96, num_heads=4, num_kv_heads=1, hea
 
 def unfused_model(policy_type: str, seed: int = 5) -> PiZeroModel:
     torch.manual_seed(seed)
-    return PiZeroModel(preset('tiny', policy_type=policy_type)).eval()
+    return PiZeroModel(family_class(policy_type).tiny_config()).eval()
 
 
 def distinct_storage_bytes(model: torch.nn.Module) -> int:

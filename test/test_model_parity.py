@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip('transformers')
 
-from vla_policy_node.policy.families.pi0.config import preset  # noqa: E402
+from vla_policy_node.policy.families import family_class  # noqa: E402
 from vla_policy_node.policy.gemma import GemmaSize  # noqa: E402
 from vla_policy_node.policy.siglip import VisionSize  # noqa: E402
 from vla_policy_node.policy.gemma import GemmaStack  # noqa: E402
@@ -329,7 +329,7 @@ def ref_sample_actions(model, images, image_masks, tokens, token_masks, state, n
 
 @pytest.fixture(params=['pi0', 'pi05'])
 def tiny_model(request):
-    config = preset('tiny', policy_type=request.param, tokenizer_max_length=12, chunk_size=6, n_action_steps=6)
+    config = family_class(request.param).tiny_config(tokenizer_max_length=12, chunk_size=6, n_action_steps=6)
     torch.manual_seed(0)
     model = PiZeroModel(config).eval()
     randomize_(model, seed=11, scale=0.15)
@@ -396,22 +396,33 @@ def test_denoise_leaves_the_context_untouched_and_is_repeatable(tiny_model):
     images, image_masks, tokens, token_masks, state, noise = model_inputs(config)
     with torch.no_grad():
         context = tiny_model.fill_prefix(images, image_masks, tokens, token_masks)
-        kv, pad = context.kv.clone(), context.pad_mask.clone()
+        kv, pad = context['kv'].clone(), context['pad_mask'].clone()
         first = tiny_model.denoise(context, state, noise, 3)
         second = tiny_model.denoise(context, state, noise, 3)
-    assert torch.equal(context.kv, kv) and torch.equal(context.pad_mask, pad)
+    assert torch.equal(context['kv'], kv) and torch.equal(context['pad_mask'], pad)
     assert torch.equal(first, second)
     assert context.prefix_len == config.prefix_len
 
 
-# ---- bf16: our error against fp32 is at most lerobot's bf16 recipe's ---------------------------------
+# ---- bf16 against fp32 and against lerobot's bf16 recipe: distributions over many models ----------------------
+#
+# One model's verdict is no test: the ratio ours / recipe of one model's error scatters by about +-15%, and
+# which way depends on the CPU's bf16 kernels (AMX, AVX512_BF16, AVX2 give other roundings). So each statistic
+# here is over BF16_MODELS random models (one input each), and each bound sits several standard errors of that
+# statistic away from what was measured with the default ISA (AMX), ONEDNN_MAX_CPU_ISA=AVX512_CORE and
+# ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 (`make test-isa` runs this file each way). The claim on
+# a deep pi0 (ours below lerobot's recipe, mean and max) is a benchmark figure: bench/bf16_accuracy.py,
+# quoted in docs/precision.md.
 
 # Wider heads than the tiny preset and eight layers per stream: the error of a bf16 residual stream grows
 # with depth (bench/bf16_accuracy.py, per layer), so a shallow model cannot tell the recipes apart.
 BF16_DEPTH = 8
 BF16_LANGUAGE = GemmaSize(width=256, depth=BF16_DEPTH, mlp_dim=512, num_heads=4, num_kv_heads=1, head_dim=64)
 BF16_EXPERT = GemmaSize(width=128, depth=BF16_DEPTH, mlp_dim=256, num_heads=4, num_kv_heads=1, head_dim=64)
-BF16_MODELS = 4
+# 16 models: the standard error of a mean over them is a quarter of one model's scatter.
+BF16_MODELS = 16
+# bf16 keeps 8 significant bits: rounding moves a value by at most this fraction of it.
+BF16_UNIT_ROUNDOFF = 2.0 ** -8
 
 
 def randomize_scaled_(module: torch.nn.Module, seed: int) -> None:
@@ -426,13 +437,41 @@ def randomize_scaled_(module: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * (0.1 if 'norm' in name else 0.02))
 
 
-def summed_bf16_errors(policy_type: str, randomize, variant_name: str, variant) -> dict:
-    """|bf16 - fp32| of the actions, (max, mean) summed over BF16_MODELS deep models initialised by
-    ``randomize(model, seed)``: 'ours', 'recipe' (ref_sample_actions on the bf16-cast model) and ``variant_name``
-    (ours inside the context manager ``variant()``)."""
-    config = dataclasses.replace(preset('tiny', policy_type=policy_type, tokenizer_max_length=12, chunk_size=6,
-                                        n_action_steps=6), language=BF16_LANGUAGE, expert=BF16_EXPERT)
-    errors = {name: torch.zeros(2, dtype=torch.float64) for name in ('ours', variant_name, 'recipe')}
+def _rounded_at_entry():
+    """Our path with the tokens made outside the stacks rounded to bf16 before they enter the fp32 stream (the
+    code before issue 25)."""
+    from vla_policy_node.policy import gemma
+    return _patched(gemma.GemmaStack, 'stream_input', _round_stream_input)
+
+
+def _round_stream_input(stack, x, dtype):
+    return x.to(dtype).float() if stack.residual_fp32 else x.to(dtype)
+
+
+@contextlib.contextmanager
+def _patched(owner, name, value):
+    saved = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
+# Our own path as it was, for the tests that bound ours against it (the bench has more: bf16_accuracy.VARIANTS).
+BF16_VARIANTS = {'rounded at entry': _rounded_at_entry}
+
+
+def bf16_error_samples(policy_type: str, randomize, variants=()) -> dict:
+    """|bf16 - fp32| of the actions per model: {name: [BF16_MODELS, 2] of (max, mean)} for 'ours', 'recipe'
+    (ref_sample_actions on the bf16-cast model: lerobot's bf16) and each of ``variants`` (BF16_VARIANTS' names),
+    on BF16_MODELS deep models initialised by ``randomize(model, seed)``; 'fp32 scale' is mean |action| in fp32
+    (twice)."""
+    config = dataclasses.replace(family_class(policy_type).tiny_config(tokenizer_max_length=12, chunk_size=6,
+                                                                       n_action_steps=6),
+                                 language=BF16_LANGUAGE, expert=BF16_EXPERT)
+    names = ('ours', 'recipe', 'fp32 scale') + tuple(variants)
+    samples = {name: torch.zeros(BF16_MODELS, 2, dtype=torch.float64) for name in names}
     for seed in range(BF16_MODELS):
         torch.manual_seed(0)
         model = PiZeroModel(config).eval()
@@ -444,46 +483,95 @@ def summed_bf16_errors(policy_type: str, randomize, variant_name: str, variant) 
             model.set_compute_dtype(torch.bfloat16)
             got = {'ours': model.sample_actions(*inputs, noise=noise, num_steps=4),
                    'recipe': ref_sample_actions(model, *inputs, noise, 4)}
-            with variant():
-                got[variant_name] = model.sample_actions(*inputs, noise=noise, num_steps=4)
+            for name in variants:
+                with BF16_VARIANTS[name]():
+                    got[name] = model.sample_actions(*inputs, noise=noise, num_steps=4)
         for name, actions in got.items():
             assert actions.dtype == torch.float32
             error = (actions - fp32).abs().double()
-            errors[name] += torch.stack([error.max(), error.mean()])
-    return errors
+            samples[name][seed] = torch.stack([error.max(), error.mean()])
+        samples['fp32 scale'][seed] = fp32.abs().double().mean()
+    return samples
 
 
+_BF16_SAMPLES = {}
+
+
+def bf16_samples(policy_type: str, init: str) -> dict:
+    """bf16_error_samples once per family and initialisation for the whole module (seconds each); the variant
+    only where a test bounds ours against it (pi0.5 on lerobot's initialisation)."""
+    key = (policy_type, init)
+    if key not in _BF16_SAMPLES:
+        randomize = {'scaled': randomize_scaled_, 'lerobot': randomize_like_lerobot_}[init]
+        variants = tuple(BF16_VARIANTS) if key == ('pi05', 'lerobot') else ()
+        _BF16_SAMPLES[key] = bf16_error_samples(policy_type, randomize, variants)
+    return _BF16_SAMPLES[key]
+
+
+def mean_error_ratio(samples: dict, name: str, base: str, column: int = 1):
+    """mean over the models of ``name``'s error / the same of ``base``'s (column 0: max, 1: mean), and the
+    standard error of that ratio (from the per-model ratios' scatter), for the failure message."""
+    ratio = (samples[name][:, column].mean() / samples[base][:, column].mean()).item()
+    per_model = samples[name][:, column] / samples[base][:, column]
+    return ratio, (per_model.std() / BF16_MODELS ** 0.5).item()
+
+
+# Each model's largest |bf16 - fp32| and the mean over the models of its mean error, in units of bf16's unit
+# roundoff u, on actions of order one (mean |action| 0.9 to 1.1 in fp32 on both initialisations). Measured
+# over the 16 models on the three ISAs above, ours / lerobot's recipe: scaled init, largest 11.5u / 16u, mean
+# 1.7u / 2.0u; lerobot's init 3.4u / 4.0u and 0.6u / 0.7u. A bound of 32u on any element and 4u on the mean is
+# twice lerobot's own worst: bf16 is allowed its rounding, not a wrong cast (an fp32 module left in bf16 with a
+# large input, a mask or a time embedding rounded) that moves the actions by a visible fraction.
+BF16_MAX_BOUND = 32 * BF16_UNIT_ROUNDOFF
+BF16_MEAN_BOUND = 4 * BF16_UNIT_ROUNDOFF
+
+
+@pytest.mark.parametrize('init', ['scaled', 'lerobot'])
 @pytest.mark.parametrize('policy_type', ['pi0', 'pi05'])
-def test_bf16_error_is_at_most_that_of_lerobots_bf16_recipe(policy_type):
-    """Same weights and inputs: |bf16 - fp32| of our actions <= that of lerobot's bf16 recipe (ref_sample_actions
-    on the bf16-cast model: bf16 scores rounded before an fp32 softmax, RoPE in bf16, norms in fp32, the
-    residual stream rounded to bf16 after every add), and clearly below our own path with a bf16 residual
-    stream (GemmaStack.residual_fp32 off, the code before issue 17).
+def test_bf16_actions_stay_within_a_bound_of_fp32(policy_type, init):
+    """Every model's bf16 actions within BF16_MAX_BOUND of its fp32 actions, and the mean error over the models
+    within BF16_MEAN_BOUND. Which parameters stay fp32 is test_checkpoint's
+    test_bf16_load_keeps_the_fp32_modules."""
+    samples = bf16_samples(policy_type, init)
+    scale = samples['fp32 scale'][:, 0]
+    assert 0.5 < scale.mean() < 2, f'the bounds assume actions of order one; mean |action| {scale.mean():.3g}'
+    ours = samples['ours']
+    assert samples['recipe'][:, 1].mean() > 0.1 * BF16_UNIT_ROUNDOFF and ours[:, 1].min() > 0, \
+        'bf16 must differ from fp32 here, or this says nothing'
+    worst = int(ours[:, 0].argmax())
+    assert ours[worst, 0] <= BF16_MAX_BOUND, \
+        f'model {worst}: |bf16 - fp32| up to {ours[worst, 0]:.4g} (> {BF16_MAX_BOUND:.4g})'
+    assert ours[:, 1].mean() <= BF16_MEAN_BOUND, \
+        f'mean |bf16 - fp32| over the models {ours[:, 1].mean():.4g} (> {BF16_MEAN_BOUND:.4g})'
 
-    Summed over several random models: one input's ratio scatters by about +-25% either way. Recorded with
-    torch 2.13 on the CPU (8 layers, 4 models), ours / recipe max and mean: pi0 0.83 / 0.84, pi0.5 0.50 / 0.50;
-    with the bf16 residual stream 1.10 / 0.99 and 1.03 / 1.00. Which parameters stay fp32 is
-    test_checkpoint's test_bf16_load_keeps_the_fp32_modules.
-    """
-    from vla_policy_node.policy import gemma
 
-    @contextlib.contextmanager
-    def bf16_residual():
-        assert gemma.GemmaStack.residual_fp32
-        gemma.GemmaStack.residual_fp32 = False
-        try:
-            yield
-        finally:
-            gemma.GemmaStack.residual_fp32 = True
+# ours / lerobot's recipe, mean error over the 16 models (a ratio of means), per family and initialisation:
+# the bound, then what was measured with the default ISA (AMX), AVX512_CORE and AVX2 (and one model's range).
+# Every bound is at least five standard errors (0.015 to 0.02 for pi0) above the measurements. pi0 is held to
+# "no worse": its gain (the fp32 residual stream and unrounded entry tokens) is 12-16% of the error, too
+# little for a tighter bound to hold on every CPU. pi0.5's conditioning goes through adaptive norms whose
+# gates multiply the rounding of the stream, so keeping the stream in fp32 halves its error (scaled), and on
+# lerobot's initialisation (gates near 0: the stream is nearly the input tokens) the unrounded tokens remove
+# most of it: bounds that the bf16-residual and rounded-at-entry paths would break.
+NO_WORSE_THAN_RECIPE = {
+    ('pi0', 'scaled'): 1.0,     # 0.85, 0.85, 0.87 (one model 0.73 .. 1.00)
+    ('pi05', 'scaled'): 0.75,   # 0.48, 0.48, 0.49 (0.39 .. 0.58)
+    ('pi0', 'lerobot'): 1.0,    # 0.87, 0.88, 0.88 (0.73 .. 1.07)
+    ('pi05', 'lerobot'): 0.25,  # 0.063, 0.063, 0.063 (0.05 .. 0.08)
+}
 
-    errors = summed_bf16_errors(policy_type, randomize_scaled_, 'bf16 residual', bf16_residual)
-    recipe_max, recipe_mean = errors['recipe'].tolist()
-    ours_max, ours_mean = errors['ours'].tolist()
-    assert recipe_mean > 1e-4, 'bf16 must differ from fp32 here, or the comparison says nothing'
-    assert ours_max <= recipe_max, f'max error: ours {ours_max:.4g} > recipe {recipe_max:.4g}'
-    assert ours_mean <= recipe_mean, f'mean error: ours {ours_mean:.4g} > recipe {recipe_mean:.4g}'
-    before_mean = errors['bf16 residual'][1].item()
-    assert ours_mean <= 0.95 * before_mean, f'fp32 residual stream: {ours_mean:.4g} vs {before_mean:.4g} without'
+
+@pytest.mark.parametrize('policy_type, init', sorted(NO_WORSE_THAN_RECIPE))
+def test_bf16_error_is_no_worse_than_lerobots_recipe_on_the_mean(policy_type, init):
+    """Same weights and inputs: the mean |bf16 - fp32| of our actions over BF16_MODELS models is at most the
+    bound times that of lerobot's bf16 recipe (ref_sample_actions on the bf16-cast model: bf16 scores rounded
+    before an fp32 softmax, RoPE in bf16, norms in fp32, the residual stream rounded to bf16 after every add)."""
+    samples = bf16_samples(policy_type, init)
+    assert samples['recipe'][:, 1].mean() > 0.1 * BF16_UNIT_ROUNDOFF, 'bf16 must differ from fp32 here'
+    ratio, stderr = mean_error_ratio(samples, 'ours', 'recipe')
+    bound = NO_WORSE_THAN_RECIPE[policy_type, init]
+    print(f'\n{policy_type} ({init}): ours / recipe mean error {ratio:.3f} +- {stderr:.3f} (bound {bound})')
+    assert ratio <= bound, f'mean error over {BF16_MODELS} models: ours / recipe {ratio:.3f} +- {stderr:.3f} > {bound}'
 
 
 # ---- bf16 on lerobot's initialisation: the tokens made outside the stacks enter unrounded --------------------
@@ -522,42 +610,18 @@ def randomize_like_lerobot_(model: torch.nn.Module, seed: int) -> None:
                 torch.nn.init.zeros_(module.weight)
 
 
-def _rounded_at_entry(stack, x, dtype):
-    """The code before issue 25: tokens rounded to the compute dtype before the fp32 residual stream."""
-    return x.to(dtype).float() if stack.residual_fp32 else x.to(dtype)
+# ours / our own path with the tokens rounded at entry (the code before issue 25), mean error over the 16 models
+# on lerobot's initialisation, pi0.5 only (on pi0 the gain is within one model's scatter): measured 0.32 to 0.33
+# on the three ISAs above (standard error 0.008); the bound is 0.5.
+ENTRY_ROUNDING_BOUND = 0.5
 
 
-# ours / recipe and ours / rounded-at-entry bounds per family: pi0.5's adaptive norms start with a zero dense weight
-# (gates of about +-0.03), so its stream is nearly the input tokens and their entry rounding is most of its error.
-LEROBOT_INIT_BOUNDS = {'pi0': (0.95, None), 'pi05': (0.5, 0.5)}
-
-
-@pytest.mark.parametrize('policy_type', ['pi0', 'pi05'])
-def test_bf16_error_on_lerobots_initialisation(policy_type, monkeypatch):
+def test_bf16_pi05_tokens_enter_the_stream_unrounded():
     """On lerobot's initialisation each block adds little to the residual stream (its linears' gain is
-    1/sqrt(3)), so a token's bf16 rounding on its way into the stack reaches the final norm nearly whole. Ours
-    keeps those tokens (image, text, state, action-time; pi0.5's action tokens) in fp32 into the fp32 stream
-    (GemmaStack.stream_input). Bounded ratios of |bf16 - fp32| summed over models, as the test above: ours <=
-    the bound times the recipe at max and mean, and for pi0.5 <= 0.5x our own path with the tokens rounded at
-    entry (the code before issue 25).
-
-    Recorded with torch 2.13 on the CPU (8 layers, 4 models), max and mean, ours / recipe: pi0 0.70 / 0.86,
-    pi0.5 0.065 / 0.060; ours / rounded at entry: pi0 0.97 / 1.01, pi0.5 0.30 / 0.31.
-    """
-    from vla_policy_node.policy import gemma
-
-    @contextlib.contextmanager
-    def rounded_at_entry():
-        with monkeypatch.context() as patch:
-            patch.setattr(gemma.GemmaStack, 'stream_input', _rounded_at_entry)
-            yield
-
-    errors = summed_bf16_errors(policy_type, randomize_like_lerobot_, 'rounded at entry', rounded_at_entry)
-    recipe, ours, rounded = (errors[name] for name in ('recipe', 'ours', 'rounded at entry'))
-    assert recipe[1] > 1e-4, 'bf16 must differ from fp32 here, or the comparison says nothing'
-    to_recipe, to_rounded = LEROBOT_INIT_BOUNDS[policy_type]
-    for i, what in enumerate(('max', 'mean')):
-        assert ours[i] <= to_recipe * recipe[i], f'{what} error: ours {ours[i]:.4g} vs recipe {recipe[i]:.4g}'
-        if to_rounded is not None:
-            assert ours[i] <= to_rounded * rounded[i], \
-                f'{what} error: ours {ours[i]:.4g} vs rounded at entry {rounded[i]:.4g}'
+    1/sqrt(3)), so a token's bf16 rounding on its way into the stack reaches the final norm nearly whole; on
+    pi0.5 (adaptive-norm gates near 0) it is most of the error. Ours keeps those tokens (image, text, pi0.5's
+    action tokens) in fp32 into the fp32 stream (GemmaStack.stream_input)."""
+    samples = bf16_samples('pi05', 'lerobot')
+    ratio, stderr = mean_error_ratio(samples, 'ours', 'rounded at entry')
+    print(f'\npi05 (lerobot): ours / rounded at entry mean error {ratio:.3f} +- {stderr:.3f}')
+    assert ratio <= ENTRY_ROUNDING_BOUND, f'ours / rounded at entry {ratio:.3f} +- {stderr:.3f}'

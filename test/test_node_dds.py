@@ -10,8 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from dds_helpers import (CAMERAS, image_msg, INSTRUCTION_TOPIC, JOINT_STATES_TOPIC, JOINTS, LOADED_MACHINE_AGE_SEC, NS,
-                         NodeProcess, TestRig, assert_no_new_trajectories, base_params, camera_topic,
+from dds_helpers import (CAMERAS, image_msg, INSTRUCTION_TOPIC, JOINT_STATES_TOPIC, JOINTS, LOADED_MACHINE_AGE_SEC,
+                         LOADED_MACHINE_WAIT_SEC, NS, NodeProcess, TestRig, assert_no_new_trajectories, base_params,
+                         camera_topic,
                          check_chunk_timing, check_jtc, diag_int, is_hold, wait_for_policy_trajectories,
                          isolate, make_frame, pick_domain_id, positions_of, stamp_ns, times_of)
 
@@ -31,6 +32,7 @@ from vla_policy_node.train_demo import DEMO_BAG_SPEC  # noqa: E402
 
 CHUNK = 10
 STARTUP_TIMEOUT = 60.0
+WAIT = LOADED_MACHINE_WAIT_SEC
 
 
 @pytest.fixture(scope='session')
@@ -113,7 +115,7 @@ def node(shared_node):
 def live(node, fresh_rig):
     """Shared node + streaming rig, trajectories flowing."""
     fresh_rig.start_streaming()
-    fresh_rig.wait_for_trajectories(2, timeout=15)
+    fresh_rig.wait_for_trajectories(2, timeout=WAIT)
     yield node, fresh_rig
     assert node.alive(), node.log_tail()
 
@@ -142,7 +144,7 @@ def own_node(tmp_path, fresh_rig, shared_node):
 def test_trajectories_pass_controller_rules(live):
     node, rig = live
     since = rig.trajectory_count()
-    for msg in wait_for_policy_trajectories(rig, 5, timeout=15, since=since):
+    for msg in wait_for_policy_trajectories(rig, 5, timeout=WAIT, since=since):
         check_chunk_timing(msg, CHUNK, 0.1)
     # Whatever else went out (a hold, should a stall on a loaded machine fault a tick) obeys the rules too.
     for msg in rig.trajectories_since(since):
@@ -156,18 +158,19 @@ def test_trajectories_pass_controller_rules(live):
 @pytest.mark.timeout(60)
 def test_repeated_observation_is_a_cache_hit_with_identical_trajectory(live):
     node, rig = live
-    rig.wait_for_trajectories(3, timeout=10, since=rig.trajectory_count())
+    rig.wait_for_trajectories(3, timeout=WAIT, since=rig.trajectory_count())
     before = rig.wait_for_diagnostics(lambda d: 'cache_hits' in d)
     since = rig.trajectory_count()
     # A never-seen observation: the first tick is a miss, the following ones hit the cache.
     rig.set_inputs(frames={c: make_frame(1000 + i) for i, c in enumerate(CAMERAS)})
-    rig.wait_for_trajectories(8, timeout=10, since=since)
+    wait_for_policy_trajectories(rig, 10, timeout=WAIT, since=since)
     after = rig.wait_for_diagnostics(lambda d: 'cache_hits' in d)
     received = rig.trajectories_since(since)
-    # The three cameras switch one message after the other: a tick may fall between them and see one new
-    # frame and two old ones, a valid observation of its own (one more miss, one more distinct chunk).
+    # The three cameras switch one message after the other: a tick may fall between them and see one or two
+    # new frames beside old ones, a valid observation of its own (one more miss, one more distinct chunk);
+    # how many such ticks there are depends on how the node's executor and its ticks interleave.
     new_misses = diag_int(after, 'cache_misses') - diag_int(before, 'cache_misses')
-    assert 1 <= new_misses <= 2
+    assert 1 <= new_misses <= len(CAMERAS)
     assert diag_int(after, 'cache_hits') - diag_int(before, 'cache_hits') >= 5
     groups = []   # runs of trajectories from identical chunks
     # A hold (a stall on a loaded machine can fault a tick) is not a chunk: it neither starts nor breaks a run.
@@ -198,13 +201,16 @@ def test_a_repeated_observation_publishes_nothing_and_is_no_fault(live):
     results = rig.set_parameters(max_image_age_sec=30.0, max_joint_state_age_sec=30.0, action_period_sec=0.5)
     try:
         assert all(r.successful for r in results), results
-        rig.wait_for_trajectories(2, timeout=10, since=rig.trajectory_count())     # the new settings' chunks
+        rig.wait_for_trajectories(2, timeout=WAIT, since=rig.trajectory_count())     # the new settings' chunks
+        before = diag_int(rig.wait_for_diagnostics(lambda d: 'ticks' in d), 'skipped_repeated_observation')
         rig.stop_streaming()
-        time.sleep(0.8)                       # the tick in flight, and the one that sees the last inputs
+        # Once a tick has seen the last inputs again, every earlier tick has published (ticks never overlap).
+        rig.wait_for_diagnostics(lambda d: diag_int(d, 'skipped_repeated_observation') > before, timeout=WAIT)
+        time.sleep(0.5)                       # its delivery
         since = rig.trajectory_count()
         before = diag_int(rig.wait_for_diagnostics(lambda d: 'ticks' in d), 'skipped_repeated_observation')
         after = rig.wait_for_diagnostics(
-            lambda d: diag_int(d, 'skipped_repeated_observation') >= before + 3, timeout=20)
+            lambda d: diag_int(d, 'skipped_repeated_observation') >= before + 3, timeout=WAIT)
         assert rig.trajectories_since(since) == [], 'a repeated observation published (or held)'
         assert after['supervisor_state'] == 'active' and after['level'] == DiagnosticStatus.OK, after
     finally:
@@ -213,7 +219,7 @@ def test_a_repeated_observation_publishes_nothing_and_is_no_fault(live):
 
 
 # ---- parameters ---------------------------------------------------------------------------------------
-def wait_until_points(rig, predicate, timeout=10.0):
+def wait_until_points(rig, predicate, timeout=WAIT):
     """Trajectories after a parameter change: one may be in flight; then all must match.
 
     Only policy chunks with two points or more are judged: a hold, or a chunk whose other actions fell
@@ -276,7 +282,7 @@ def test_parameter_service_refuses_invalid_values(live, name, value, reason_has)
     assert rig.get_parameters([name]).get(name) == before
     # The node keeps working with its old value.
     since = rig.trajectory_count()
-    for msg in wait_for_policy_trajectories(rig, 2, timeout=10, since=since):
+    for msg in wait_for_policy_trajectories(rig, 2, timeout=WAIT, since=since):
         check_chunk_timing(msg, CHUNK, 0.1)
 
 
@@ -315,41 +321,46 @@ FAULTS = {
 }
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize('fault', list(FAULTS))
 def test_bad_input_skips_ticks_holds_the_arm_then_recovers(live, fault):
+    """What the user sees: the bad input never reaches the controller, the arm is held where it was last measured
+    well, the log and /diagnostics say why, and the node drives the arm again once the input is good. Not how
+    many holds: a stall of a loaded machine may hold the arm before the fault does (at a good joint state)."""
     node, rig = live
     change, reasons, topic, settle = FAULTS[fault]
     before = rig.wait_for_diagnostics(lambda d: 'ticks_skipped' in d)
     since, measured = rig.trajectory_count(), list(rig.joint_positions)
     rig.set_inputs(**change(rig))
-    # Once a tick has been skipped for this fault, every later tick sees it (ticks never overlap);
-    # a tick that started before it may still publish, hence the short settle for delivery.
+    # Once a tick has been skipped for this fault, every later tick sees it (ticks never overlap); a tick that
+    # started before it may still publish, and what was published takes time to arrive.
     values = rig.wait_for_diagnostics(
         lambda d: any(diag_int(d, f'skipped_{r}') > diag_int(before, f'skipped_{r}') for r in reasons),
-        timeout=5 + settle)
+        timeout=WAIT + settle)
     reason = next(r for r in reasons if diag_int(values, f'skipped_{r}') > diag_int(before, f'skipped_{r}'))
-    time.sleep(0.4)
+    time.sleep(0.5)
     received = rig.trajectories_since(since)
     holds = [m for m in received if is_hold(m)]
+    for hold in holds:                     # none built from a bad joint state: where the arm was measured well
+        check_jtc(hold, JOINTS, points=1, zero_stamp=True)
+        assert positions_of(hold)[0].tolist() == pytest.approx(measured)
     if topic == JOINT_STATES_TOPIC:
-        # on_fault hold, but the joint state itself is bad: nothing to hold to, nothing published, said loudly.
-        assert not holds, received
-        assert node.wait_for_log(lambda line: 'cannot hold the arm' in line and topic in line), node.log_tail()
+        # on_fault hold, but the joint state itself is bad: nothing to hold to, nothing published, said loudly
+        # (unless the arm was already held before the fault).
+        if not holds:
+            assert node.wait_for_log(lambda line: 'cannot hold the arm' in line and topic in line), node.log_tail()
     else:
-        # One hold, after any chunk already in flight: the arm stays where it is measured.
-        assert len(holds) == 1 and received[-1] is holds[0], [len(m.points) for m in received]
-        check_jtc(holds[0], JOINTS, points=1, zero_stamp=True)
-        assert positions_of(holds[0])[0].tolist() == pytest.approx(measured)
+        # Held, after any chunk already in flight: the last thing the controller got is a hold.
+        assert holds and received[-1] is holds[-1], [len(m.points) for m in received]
     assert_no_new_trajectories(rig, 1.2, settle=0.0)
     rig.wait_for_diagnostics(lambda d: d['level'] == DiagnosticStatus.WARN and reason in d.get('last_skip', '')
-                             and d.get('supervisor_state') == 'held: input_fault', timeout=3)
+                             and d.get('supervisor_state') == 'held: input_fault', timeout=WAIT)
     assert node.alive(), node.log_tail()
     # Good input again: policy trajectories resume (a hold owed to a bad joint state may come first).
     rig.reset_inputs()
-    for msg in wait_for_policy_trajectories(rig, 2, timeout=10, since=rig.trajectory_count()):
+    for msg in wait_for_policy_trajectories(rig, 2, timeout=WAIT, since=rig.trajectory_count()):
         check_chunk_timing(msg, CHUNK, 0.1)
-    rig.wait_for_diagnostics(lambda d: d.get('supervisor_state') == 'active', timeout=3)
+    rig.wait_for_diagnostics(lambda d: d.get('supervisor_state') == 'active', timeout=WAIT)
     # The log names the reason and the topic at fault.
     assert node.wait_for_log(lambda line: f'[{reason}]' in line and topic in line), \
         f'no log line with [{reason}] and {topic}:\n{node.log_tail()}'
@@ -372,7 +383,7 @@ def test_lifecycle_transitions_gate_trajectories(own_node, checkpoint, fresh_rig
 
     assert rig.change_state('activate')
     assert rig.get_state() == 'active'
-    for msg in rig.wait_for_trajectories(3, timeout=10):
+    for msg in rig.wait_for_trajectories(3, timeout=WAIT):
         check_jtc(msg, JOINTS)
 
     assert rig.change_state('deactivate')
@@ -386,7 +397,7 @@ def test_lifecycle_transitions_gate_trajectories(own_node, checkpoint, fresh_rig
     # And it can be brought up again.
     assert rig.change_state('configure')
     assert rig.change_state('activate')
-    rig.wait_for_trajectories(2, timeout=10, since=rig.trajectory_count())
+    rig.wait_for_trajectories(2, timeout=WAIT, since=rig.trajectory_count())
     assert proc.alive()
 
 
@@ -396,7 +407,7 @@ def test_a_stop_signal_holds_the_arm_and_exits_quietly(own_node, checkpoint, fre
     rig = fresh_rig
     rig.start_streaming()
     proc = own_node(base_params(checkpoint, control_rate_hz=50.0))        # often a tick in flight at the signal
-    wait_for_policy_trajectories(rig, 3, timeout=15)
+    wait_for_policy_trajectories(rig, 3, timeout=WAIT)
     since, logged = rig.trajectory_count(), len(proc.log_text())
     proc.proc.send_signal(getattr(signal, signal_name))
     assert proc.proc.wait(timeout=20) == 0
@@ -452,7 +463,7 @@ def test_an_idle_node_says_once_that_it_has_nothing_to_hold_to(own_node, checkpo
     assert '[ERROR]' not in proc.log_text(), proc.log_tail()
     # The first joint state: the hold owed since start-up goes out, and the log says so once.
     rig.publish_joint_state(JOINTS, [0.1] * len(JOINTS))
-    hold = rig.wait_for_trajectories(1, timeout=10)[0]
+    hold = rig.wait_for_trajectories(1, timeout=WAIT)[0]
     assert is_hold(hold) and positions_of(hold)[0].tolist() == pytest.approx([0.1] * len(JOINTS))
     rig.wait_for_diagnostics(lambda d: d.get('hold_pending') == 'False' and d.get('cannot_hold_count') == '1')
     assert proc.wait_for_log(lambda line: 'the joint state arrived, the hold is published' in line)
@@ -473,7 +484,7 @@ def test_sim_time_stamps_follow_clock(own_node, checkpoint, fresh_rig):
     assert waiting['level'] == DiagnosticStatus.WARN and 'waiting for /clock' in waiting['message'], waiting
 
     rig.start_clock(start_ns)   # frames stamped 1000 s before the clock started are valid stamps too
-    rig.wait_for_trajectories(5, timeout=15)
+    rig.wait_for_trajectories(5, timeout=WAIT)
     published = set(rig.published_stamps)
     received = []
     for msg, received_at in zip(rig.trajectories_since(0), rig.trajectory_times):
@@ -481,7 +492,9 @@ def test_sim_time_stamps_follow_clock(own_node, checkpoint, fresh_rig):
             check_jtc(msg, JOINTS, points=1, zero_stamp=True)
             continue
         received.append(msg)
-        check_jtc(msg, JOINTS, zero_stamp=False, now_ns=rig.sim_ns_at(received_at))
+        # The node publishes a chunk while an action of it is ahead on its clock, the last /clock its executor
+        # took; the rig reads its own, when its executor gets to the message: on a loaded machine both lag.
+        check_jtc(msg, JOINTS, zero_stamp=False, now_ns=rig.sim_ns_at(received_at), late_sec=LOADED_MACHINE_AGE_SEC)
         stamp = stamp_ns(msg.header.stamp)
         assert stamp in published, f'{stamp} is not a camera stamp the rig sent'
         # Not later than the sim time it arrived at; how much earlier depends on inference time.
@@ -522,7 +535,8 @@ def test_live_replay_trajectories_in_bag_time(own_node, checkpoint, fresh_rig, t
     for hold in [m for m in rig.trajectories_since(0) if is_hold(m)]:
         check_jtc(hold, JOINTS, points=1, zero_stamp=True)
     received = [m for m in rig.trajectories_since(0) if not is_hold(m)]
-    assert len(received) >= 5, f'{rig.last_diagnostics()}\n{proc.log_tail()}'
+    # Several chunks; how many depends on how fast this machine ticks (bag time runs on regardless).
+    assert len(received) >= 3, f'{rig.last_diagnostics()}\n{proc.log_tail()}'
     start, end = spec.start_time_ns, spec.start_time_ns + int(spec.duration_sec * NS)
     camera_period = NS / spec.camera_rate_hz
     for msg in received:
@@ -550,7 +564,9 @@ def test_live_demo_trained_default_follows_the_recorded_command(own_node, checkp
         time.sleep(0.5)
         plans = [(stamp_ns(m.header.stamp), np.array(times_of(m)), positions_of(m))
                  for m in rig.trajectories_since(0) if not is_hold(m)]
-        assert len(plans) >= 20, f'{len(plans)} chunks\n{proc.log_tail()}'
+        # One chunk per new frame at most (30 of 5 Hz cameras); a loaded machine ticks less often on the wall
+        # clock while bag time runs on at half speed: a comparison over half of them.
+        assert len(plans) >= 15, f'{len(plans)} chunks\n{proc.log_tail()}'
         errors[name] = {joint: e['rmse'] for joint, e in command_error_of(plans, bag, JOINTS).items()}
         proc.stop()
     print('\nlive per-joint RMSE [rad], trained vs random:',

@@ -7,7 +7,7 @@ import pytest
 from vla_policy_node.outputs import Output, due_index, split
 from vla_policy_node.params import ParameterError, load_params_file, problems, resolve_values
 from vla_policy_node.policy.tiny_default import write_tiny_default
-from vla_policy_node.replay.bag_io import read_messages
+from vla_policy_node.bags.bag_io import read_messages
 from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag
 from vla_policy_node.replay.offline import replay
 from vla_policy_node.trajectory import TrajectoryPlan, check_controller_rules

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from dds_helpers import (JOINTS, NodeProcess, TestRig, base_params, check_jtc, is_hold, isolate, pick_domain_id,
-                         ros_env, write_params)
+                         ros_env, wait_until, write_params)
 
 DOMAIN_ID = pick_domain_id()
 isolate(DOMAIN_ID)
@@ -103,11 +103,14 @@ def test_arm_and_gripper_get_their_share_of_every_plan_and_every_hold(checkpoint
         assert holds, 'the e-stop did not hold the arm'
         check_jtc(holds[0], ARM, points=1, zero_stamp=True)
         assert list(holds[0].points[0].positions) == pytest.approx(rig.joint_positions[:5])
-        time.sleep(1.0)                                          # the gripper's hold is the same release
-        assert list(rig.extra_since(GRIPPER_TOPIC)[-1].data) == pytest.approx(rig.joint_positions[5:])
+        # The gripper's hold is the same release (delivered on its own topic, in its own time).
+        wait_until(lambda: list(rig.extra_since(GRIPPER_TOPIC)[-1].data) == pytest.approx(rig.joint_positions[5:]),
+                   'the gripper held at the measured position')
         rig.stop_streaming()
+        # Every release publishes both outputs: as many gripper commands as arm trajectories, once all arrived.
+        wait_until(lambda: len(rig.extra_since(GRIPPER_TOPIC)) == rig.trajectory_count(),
+                   'one gripper command per arm trajectory')
         time.sleep(0.5)
-        # Every release publishes both outputs: as many gripper commands as arm trajectories.
         assert len(rig.extra_since(GRIPPER_TOPIC)) == rig.trajectory_count()
     finally:
         rig.stop_streaming()

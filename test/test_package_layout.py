@@ -84,3 +84,31 @@ def test_policy_runtime_keeps_to_its_one_job():
     copied = [node.lineno for node in ast.walk(runtime)
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'setattr']
     assert not copied, f'setattr at line(s) {copied}: read the family options from runtime.policy.options'
+
+
+def _imports_the_package(node: ast.AST) -> bool:
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Import) and any(a.name.split('.')[0] == 'vla_policy_node' for a in inner.names):
+            return True
+        if isinstance(inner, ast.ImportFrom) and (inner.module or '').split('.')[0] == 'vla_policy_node':
+            return True
+    return False
+
+
+def test_no_test_skips_when_the_package_itself_does_not_import():
+    """A broken import of this package must fail the suite, not skip it: importorskip is for optional
+    third-party modules (rclpy, pyarrow, transformers, ...), never for vla_policy_node's own modules, and no
+    ``except ImportError`` wraps an import of them."""
+    found = []
+    for path in sorted((ROOT / 'test').glob('*.py')):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, 'attr', getattr(node.func, 'id', '')) == \
+                    'importorskip' and node.args and isinstance(node.args[0], ast.Constant) and \
+                    str(node.args[0].value).split('.')[0] == 'vla_policy_node':
+                found.append(f'{path.name}:{node.lineno} importorskip({node.args[0].value!r})')
+            if isinstance(node, ast.Try) and any(_imports_the_package(statement) for statement in node.body):
+                caught = ' '.join(ast.unparse(handler.type) for handler in node.handlers if handler.type is not None)
+                if 'ImportError' in caught or 'ModuleNotFoundError' in caught or any(
+                        handler.type is None for handler in node.handlers):
+                    found.append(f'{path.name}:{node.lineno} an import of vla_policy_node under try/{caught}')
+    assert not found, 'tests that would skip (or pass) when the package breaks:\n' + '\n'.join(found)

@@ -25,7 +25,7 @@ from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
-from vla_policy_node.replay.bag_io import BagError  # noqa: E402
+from vla_policy_node.bags.bag_io import BagError  # noqa: E402
 from vla_policy_node.replay.make_bag import (  # noqa: E402
     INSTRUCTION_TOPIC, SampleBagSpec, camera_topic, expected_counts, render_frame,
     write_sample_bag)

@@ -6,14 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from vla_policy_node.cache import PREFIX_LAYOUT_VERSION, PrefixCache, PrefixContext, PrefixKeyBuilder
+from vla_policy_node.cache import (KV, MASK_AXES, PAD_MASK, PREFIX, PREFIX_LAYOUT_VERSION, ContextAxes, PrefixCache,
+                                   PrefixContext, PrefixKeyBuilder, can_stack, context_row, kv_prefix_context,
+                                   stack_contexts)
 from vla_policy_node.images import CompressedFrame, RawImage
 
 
 def make_context(tokens: int, layers: int = 1, head_dim: int = 4, fill: float = 0.0) -> PrefixContext:
     """kv [L, 2, 1, 1, P, D] fp32 + pad [1, P] bool: nbytes = L*2*P*D*4 + P."""
     kv = torch.full((layers, 2, 1, 1, tokens, head_dim), fill, dtype=torch.float32)
-    return PrefixContext(kv=kv, pad_mask=torch.ones(1, tokens, dtype=torch.bool))
+    return kv_prefix_context(kv, torch.ones(1, tokens, dtype=torch.bool))
 
 
 def expected_nbytes(tokens: int, layers: int = 1, head_dim: int = 4) -> int:
@@ -25,19 +27,87 @@ def expected_nbytes(tokens: int, layers: int = 1, head_dim: int = 4) -> int:
 def test_context_nbytes_and_properties():
     ctx = make_context(10, layers=3, head_dim=8)
     assert ctx.nbytes == expected_nbytes(10, layers=3, head_dim=8) == 3 * 2 * 10 * 8 * 4 + 10
-    assert ctx.prefix_len == 10 and ctx.batch_size == 1 and ctx.dtype == torch.float32
-    bf16 = PrefixContext(kv=torch.zeros(2, 2, 1, 1, 5, 4, dtype=torch.bfloat16),
-                         pad_mask=torch.ones(1, 5, dtype=torch.bool))
-    assert bf16.nbytes == 2 * 2 * 5 * 4 * 2 + 5
+    assert ctx.prefix_len == 10 and ctx.batch_size == 1 and ctx[KV].dtype == torch.float32
+    assert set(ctx) == {KV, PAD_MASK} and ctx.masks == {PREFIX: PAD_MASK}
+    bf16 = kv_prefix_context(torch.zeros(2, 2, 1, 1, 5, 4, dtype=torch.bfloat16), torch.ones(1, 5, dtype=torch.bool),
+                             cross=torch.zeros(1, 2, 1, 2, 5, 3))
+    assert bf16.nbytes == 2 * 2 * 5 * 4 * 2 + 5 + 2 * 2 * 5 * 3 * 4     # every tensor, the extra one too
 
 
 def test_context_rejects_bad_shapes():
     with pytest.raises(ValueError):
-        PrefixContext(kv=torch.zeros(2, 3, 1, 1, 5, 4), pad_mask=torch.ones(1, 5, dtype=torch.bool))
+        kv_prefix_context(torch.zeros(2, 3, 1, 1, 5, 4), torch.ones(1, 5, dtype=torch.bool))
     with pytest.raises(ValueError):
-        PrefixContext(kv=torch.zeros(2, 2, 1, 1, 5), pad_mask=torch.ones(1, 5, dtype=torch.bool))
+        kv_prefix_context(torch.zeros(2, 2, 1, 1, 5), torch.ones(1, 5, dtype=torch.bool))
     with pytest.raises(ValueError):
-        PrefixContext(kv=torch.zeros(2, 2, 1, 1, 5, 4), pad_mask=torch.ones(1, 6, dtype=torch.bool))
+        kv_prefix_context(torch.zeros(2, 2, 1, 1, 5, 4), torch.ones(1, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match='cross'):           # an extra tensor of another token length
+        kv_prefix_context(torch.zeros(2, 2, 1, 1, 5, 4), torch.ones(1, 5, dtype=torch.bool),
+                          cross=torch.zeros(1, 2, 1, 1, 4, 4))
+    features, mask = torch.zeros(2, 7, 3), torch.ones(1, 7, dtype=torch.bool)
+    with pytest.raises(ValueError, match='batch'):           # features of 2 robots in a context of one
+        PrefixContext({'features': features, 'mask': mask}, {'features': MASK_AXES, 'mask': MASK_AXES},
+                      batch_size=1, prefix_len=7, masks={PREFIX: 'mask'})
+    with pytest.raises(ValueError, match='axes'):            # a tensor without its axes
+        PrefixContext({'features': features, 'mask': mask}, {'mask': MASK_AXES}, batch_size=1, prefix_len=7,
+                      masks={PREFIX: 'mask'})
+
+
+def feature_context(tokens: int, text: int, fill: float) -> PrefixContext:
+    """A context that is no K/V prefix: features [B, T, D] with their mask, and per-layer K/V gathered to a
+    token subset ('text', of its own length, with a mask of its own): the layout of a cross-attention family."""
+    return PrefixContext(
+        {'features': torch.full((1, tokens, 3), fill), 'mask': torch.ones(1, tokens, dtype=torch.bool),
+         'text_kv': torch.full((2, 2, 1, 4, text, 5), fill), 'text_mask': torch.ones(1, text, dtype=torch.bool)},
+        {'features': MASK_AXES, 'mask': MASK_AXES, 'text_kv': ContextAxes(batch=2, tokens=4, sequence='text'),
+         'text_mask': ContextAxes(batch=0, tokens=1, sequence='text')},
+        batch_size=1, prefix_len=tokens, masks={PREFIX: 'mask', 'text': 'text_mask'})
+
+
+def test_a_feature_context_is_cached_like_a_kv_prefix():
+    context = feature_context(6, 2, 1.0)
+    assert context.prefix_len == 6 and context.batch_size == 1
+    assert context.nbytes == 6 * 3 * 4 + 6 + 2 * 2 * 4 * 2 * 5 * 4 + 2
+    cache = PrefixCache(max_bytes=context.nbytes, max_entries=4)
+    assert cache.put('a', context) and cache.get('a') is context and cache.stats().bytes == context.nbytes
+
+
+def test_contexts_of_different_lengths_stack_padded_and_masked():
+    """A batching server's step: two robots' contexts, each sequence right-padded to its longest with masked
+    zeros, stacked along every tensor's own batch axis."""
+    short, long = feature_context(4, 3, 1.0), feature_context(6, 2, 2.0)
+    both = stack_contexts([short, long])
+    assert both.batch_size == 2 and both.prefix_len == 6
+    assert tuple(both['features'].shape) == (2, 6, 3) and tuple(both['text_kv'].shape) == (2, 2, 2, 4, 3, 5)
+    assert both['mask'].tolist() == [[True] * 4 + [False] * 2, [True] * 6]
+    assert both['text_mask'].tolist() == [[True] * 3, [True, True, False]]
+    assert torch.equal(both['features'][0, :4], short['features'][0]) and not both['features'][0, 4:].any()
+    assert torch.equal(both['text_kv'][:, :, 1, :, :2], long['text_kv'][:, :, 0])
+    assert not both['text_kv'][:, :, 1, :, 2:].any()
+    kv = stack_contexts([make_context(3, fill=1.0), make_context(5, fill=2.0)])
+    assert tuple(kv[KV].shape) == (1, 2, 2, 1, 5, 4) and kv[PAD_MASK].sum().item() == 8
+    with pytest.raises(ValueError, match='layouts'):
+        stack_contexts([make_context(3), short])
+
+
+def test_only_contexts_that_differ_in_batch_and_tokens_stack_and_a_row_comes_back_as_its_own_entry():
+    short, long = feature_context(4, 3, 1.0), feature_context(6, 2, 2.0)
+    assert can_stack([short, long]) and can_stack([make_context(3), make_context(5)])
+    assert not can_stack([make_context(3), short])                                  # other names and axes
+    assert not can_stack([make_context(3, head_dim=4), make_context(3, head_dim=8)])  # a size besides the tokens
+    assert not can_stack([make_context(3), make_context(3).map(lambda t: t if t.dtype == torch.bool else t.half())])
+    with pytest.raises(ValueError, match='layouts'):
+        stack_contexts([make_context(3, head_dim=4), make_context(3, head_dim=8)])
+    both = stack_contexts([short, long])
+    row = context_row(both, 0)
+    assert row.batch_size == 1 and row.prefix_len == 6 and row.masks == short.masks
+    assert torch.equal(row['features'][:, :4], short['features']) and not row['mask'][0, 4:].any()
+    padded = torch.cat([long['text_kv'], torch.zeros(2, 2, 1, 4, 1, 5)], dim=4)     # its 'text' padded to 3
+    assert torch.equal(context_row(both, 1)['text_kv'], padded)
+    assert row.nbytes == both.nbytes // 2           # a copy: the row's entry does not hold the batch's storage
+    assert row['features'].untyped_storage().data_ptr() != both['features'].untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match='row 2'):
+        context_row(both, 2)
 
 
 # ---- LRU semantics -----------------------------------------------------------------------------

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from runtime_fixtures import make_observation, tiny_checkpoints  # noqa: F401  (fixture)
 from smolvla_fixtures import write_tiny_smolvla
@@ -87,8 +89,7 @@ def _deep_model(seed: int = 0) -> PiZeroModel:
     """pi0 with 8-layer streams at 1/4 of gemma_300m's widths, weights at 1/sqrt(fan_in) (bench/quant_accuracy.py
     runs the full widths)."""
     size = GemmaSize(width=256, depth=8, mlp_dim=1024, num_heads=4, num_kv_heads=1, head_dim=64)
-    config = preset('pi0', policy_type='pi0', vision=VisionSize(width=64, depth=2, mlp_dim=128, num_heads=2,
-                                                                patch_size=14),
+    config = preset('pi0', vision=VisionSize(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=14),
                     language=size, expert=size, vocab_size=512, camera_names=('base_0_rgb', 'left_wrist_0_rgb'))
     torch.manual_seed(0)
     model = PiZeroModel(config).eval()
@@ -202,6 +203,40 @@ def test_int8_groups_have_their_own_bf16_scale_and_round_against_it():
     assert float((quant.int8_dequantize(*per_row) - weight)[:, 64:].abs().max()) > 4 * float(error[:, 1:].max())
     q_odd, scale_odd = quant.int8_rows(torch.randn(4, 100), group=64)     # 64 does not divide 100: per row
     assert scale_odd.shape == (4, 1)
+
+
+class _Allocations(TorchDispatchMode):
+    """Every tensor the ops under it allocate (not views, not in-place results): (dtype, numel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if all(ret.alias_info is None for ret in func._schema.returns):
+            self.made += [(t.dtype, t.numel()) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return out
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32])
+def test_int8_weights_dequantize_straight_into_the_compute_dtype(dtype):
+    """No fp32 copy of the weight on the way to a bf16 GEMM (inside a captured prefix every such scratch stays
+    in the graph's pool), and the same numbers as the fp32 dequantization rounded once."""
+    linear = nn.Linear(128, 96)
+    layer = QuantizedLinear.from_linear(linear, 'int8_weights', 'int8_dequantize')
+    x = torch.randn(5, 128).to(dtype)
+    with _Allocations() as allocations:
+        out = layer(x)
+    weight_sized = [made for made in allocations.made if made[1] == 128 * 96]
+    assert weight_sized == [(dtype, 128 * 96)] * len(weight_sized) and len(weight_sized) <= 1, allocations.made
+    rounded_once = (layer.qweight.view(96, 2, 64) * layer.scale[..., None].float()).view(96, 128).to(dtype)
+    assert torch.equal(quant.int8_dequantize(layer.qweight, layer.scale, dtype), rounded_once)
+    assert torch.equal(out, torch.nn.functional.linear(x, rounded_once, linear.bias.detach().to(dtype)))
+    table = quant.QuantizedEmbedding(nn.Embedding(50, 128).to(dtype))
+    tokens = torch.tensor([[1, 7, 49]])
+    rows = (table.qweight[tokens].view(1, 3, 2, 64) * table.scale[tokens][..., None].float()).view(1, 3, 128)
+    assert torch.equal(table(tokens), rows.to(dtype))
 
 
 def test_fused_quantized_projection_is_its_parts_side_by_side(tiny_checkpoints):

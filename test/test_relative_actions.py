@@ -82,7 +82,7 @@ def pair(tmp_path_factory):
 
 def test_relative_checkpoint_adds_the_observation_state_to_non_gripper_joints(pair):
     absolute_rt, relative_rt = pair
-    assert relative_rt.relative_mask.tolist() == [True] * 5 + [False]
+    assert relative_rt.policy.relative_mask.tolist() == [True] * 5 + [False]
     assert list(relative_rt.config.action_feature_names) == list(TINY_ACTION_NAMES)
     state = np.array([1.2, -0.7, 0.4, 2.0, -1.5, 0.03])
     obs = make_observation(state=state)

@@ -84,8 +84,10 @@ def test_remote_node_publishes_local_trajectories_holds_when_the_server_dies_and
         diag = rig.wait_for_diagnostics(lambda d: d.get('remote_connected') == 'False', timeout=10)
         faults = sum(int(diag.get(f'skipped_remote_{kind}', 0)) for kind in ('disconnected', 'unreachable'))
         assert faults >= 1 and diag['supervisor_state'].startswith('held')
-        after_hold = [m for m in rig.trajectories_since(since) if not is_hold(m)]
-        assert len(after_hold) <= 2            # at most what was already computed when the server died
+        # What was computed before the server died may still arrive first; after the hold, nothing moves.
+        received = rig.trajectories_since(since)
+        first_hold = next(i for i, m in enumerate(received) if is_hold(m))
+        assert not [m for m in received[first_hold:] if not is_hold(m)], 'a policy trajectory after the hold'
         print(f'held {held_after:.2f} s after the kill (timeout {TIMEOUT_SEC} s + one 0.1 s tick)')
 
         # It comes back on the same port: the node reconnects by itself and drives the arm again.

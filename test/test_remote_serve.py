@@ -197,6 +197,14 @@ def test_replay_with_backend_remote_equals_local(server, checkpoint, tmp_path):
     assert len(local_plans) == len(remote_plans) > 0
     for ours, theirs in zip(local_plans, remote_plans):
         assert np.array_equal(ours, theirs)
+    # latency.png's p50 / p95 lines are summary.json's figures: a remote tick counted once (its server_ms,
+    # the server's own time, sits inside the round trip and is no stage)
+    from vla_policy_node.replay.report import latency_figure
+    assert any('server_ms' in r.timings_ms for r in remote_run.records)
+    total = remote_run.summary['latency_ms']['total']
+    axis = latency_figure(remote_run).axes[0]
+    lines = {line.get_label().split()[0]: line.get_ydata()[0] for line in axis.get_lines()}
+    assert lines == {'p50': total['p50'], 'p95': total['p95']}
 
 
 @pytest.mark.slow

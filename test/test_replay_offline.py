@@ -1,4 +1,5 @@
 """vla_policy_replay on generated bags: outputs, counts, determinism, cache hits, error messages."""
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from vla_policy_node.policy.tiny_default import write_tiny_default
-from vla_policy_node.replay.bag_io import BagError, read_messages
+from vla_policy_node.bags.bag_io import BagError, BagWriter, read_messages
+from vla_policy_node.replay import make_bag
 from vla_policy_node.replay.make_bag import SampleBagSpec, in_hold_window, write_sample_bag
 from vla_policy_node.replay.offline import replay
 from vla_policy_node.params import ParameterError
@@ -200,3 +202,30 @@ def test_cli_end_to_end_prints_the_summary(sqlite_bag, checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr
     assert 'published' in result.stdout and 'cache hits' in result.stdout
     assert 'replaying' in result.stderr  # the progress bar
+
+
+def test_a_camera_clock_step_in_a_bag_is_judged_as_the_node_judges_it(checkpoint, tmp_path):
+    """The first camera's stamps 5 s ahead from 1 s to 2 s of a 3 s bag, then back: the replay feeds the node's
+    InputBuffer, so it counts the jump there and back (summary.json), refuses that camera's frames while the
+    step is not on bag time (camera_clock_jump, then camera_future: on bag time camera_clock auto is header),
+    and publishes before and after it."""
+    spec = SampleBagSpec(duration_sec=3.0, compressed_cameras=('left_wrist_0_rgb',))
+    base_topic = make_bag.camera_topics(spec)['base_0_rgb'][0]
+    step = (spec.start_time_ns + NS, spec.start_time_ns + 2 * NS)
+    path = tmp_path / 'stepped_bag'
+    with BagWriter(path, storage=spec.storage) as writer:
+        for topic, msgtype in make_bag.topic_types(spec).items():
+            writer.add_topic(topic, msgtype)
+        for t_ns, topic, msg in make_bag._all_messages(spec):
+            if topic == base_topic and step[0] <= t_ns < step[1]:
+                stamp = msg.header.stamp
+                msg = dataclasses.replace(msg, header=dataclasses.replace(
+                    msg.header, stamp=dataclasses.replace(stamp, sec=stamp.sec + 5)))
+            writer.write(topic, t_ns, msg)
+    result = replay(path, _params(tmp_path), tmp_path / 'out', checkpoint=str(checkpoint), seed=0)
+    summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
+    assert summary['camera_clock']['jumps'] == {'base_0_rgb': 2}, summary['camera_clock']
+    assert summary['skipped'].get('camera_clock_jump', 0) >= 1 and summary['skipped'].get('camera_future', 0) >= 1
+    published = [r.time_ns for r in result.records if r.plan_positions is not None]
+    assert min(published) < step[0] and max(published) >= step[1]
+    assert not [t for t in published if step[0] + NS // 5 <= t < step[1]], 'a frame of the step was used'

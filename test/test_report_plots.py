@@ -3,7 +3,7 @@ import numpy as np
 
 from vla_policy_node.handover import HandoverMetrics
 from vla_policy_node.replay.report import (ReplayResult, TickRecord, chunks_figure, executed_parts,
-                                           handover_figure, latency_figure)
+                                           handover_figure, latency_figure, latency_summary)
 
 NS = 1_000_000_000
 JOINTS = ('a', 'b')
@@ -50,6 +50,20 @@ def test_chunks_legend_sits_above_the_panels_and_not_every_chunk_is_drawn_in_ful
     assert len(full) == 6
 
 
+def test_chunks_say_which_controller_each_joint_goes_to(tmp_path):
+    from vla_policy_node.outputs import Output
+    result = _result(tmp_path)
+    result.outputs = (Output('arm', '/arm/joint_trajectory', 'joint_trajectory', ('a',), (0,)),
+                      Output('gripper', '/gripper/commands', 'float64_multi_array', ('b',), (1,)))
+    arm, gripper = chunks_figure(result).axes
+    assert arm.get_ylabel().startswith('arm: a') and gripper.get_ylabel().startswith('gripper: b')
+    assert '/arm/joint_trajectory' in arm.get_title(loc='left')
+    assert 'the position due next' in gripper.get_title(loc='left')
+    assert arm.spines['left'].get_edgecolor() != gripper.spines['left'].get_edgecolor()
+    plain = chunks_figure(_result(tmp_path)).axes[0]          # one output of every joint: nothing to mark
+    assert plain.get_ylabel() == 'a\n[rad]' and plain.get_title(loc='left') == ''
+
+
 def test_latency_has_a_title_and_its_p50_p95_lines(tmp_path):
     fig = latency_figure(_result(tmp_path))
     axis = fig.axes[0]
@@ -58,6 +72,35 @@ def test_latency_has_a_title_and_its_p50_p95_lines(tmp_path):
     totals = 10.0 + np.arange(30)
     assert f'p50 {np.percentile(totals, 50):.1f} ms' in labels and f'p95 {np.percentile(totals, 95):.1f} ms' in labels
     assert axis.get_ylim()[0] == 0
+
+
+def test_latency_lines_are_the_summary_figures_and_a_remote_tick_counts_once(tmp_path):
+    """A remote tick's stages are the client's work and the round trip ('denoise'); its server_ms is the
+    server's own time inside that round trip, not another stage."""
+    result = _result(tmp_path)
+    for k, record in enumerate(result.records[:-1]):
+        record.timings_ms = {'hash': 0.1, 'preprocess': 0.4, 'prefix': 0.0, 'denoise': 20.0 + k,
+                             'server_ms': 15.0 + k}
+    summary = latency_summary(result.records)
+    totals = 20.5 + np.arange(30)
+    assert summary['total'] == {'p50': np.percentile(totals, 50), 'p95': np.percentile(totals, 95),
+                                'max': totals.max()}
+    assert set(summary) == {'hash', 'preprocess', 'prefix', 'denoise', 'total'}
+    axis = latency_figure(result).axes[0]
+    lines = {line.get_label().split()[0]: line.get_ydata()[0] for line in axis.get_lines()}
+    assert lines == {'p50': summary['total']['p50'], 'p95': summary['total']['p95']}
+    dots = np.concatenate([collection.get_offsets()[:, 1] for collection in axis.collections[:2]])
+    assert sorted(dots) == sorted(totals)
+
+
+def test_latency_names_a_repeated_observation_apart_from_a_fault(tmp_path):
+    result = _result(tmp_path)          # ends with a camera_missing skip
+    result.records += [TickRecord(time_ns=(40 + k) * NS // 10, skipped='repeated_observation') for k in range(3)]
+    fig = latency_figure(result)
+    labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert 'repeated observation: the chunk goes on (3, no inference)' in labels, labels
+    assert 'skipped for a fault: camera_missing (1)' in labels, labels
+    assert not any('repeated' in label and 'fault' in label for label in labels)
 
 
 def test_handover_jump_axis_has_a_unit_and_starts_at_zero(tmp_path):

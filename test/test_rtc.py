@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from runtime_fixtures import make_observation, tiny_checkpoint, tiny_checkpoints  # noqa: F401
-from vla_policy_node.policy.families.pi0.config import preset
-from vla_policy_node.policy.rtc import RTCSettings, guidance_weight, prefix_weights
+from vla_policy_node.policy.families import family_class
+from vla_policy_node.policy.rtc import RTCSettings, guidance_weight, prefix_weights, prepare_guide, stack_guides
 from vla_policy_node.policy.tiny_default import random_model
 from vla_policy_node.runtime import PolicyRuntime
 
@@ -68,7 +68,7 @@ def inputs_for(model, seed=0):
 
 @pytest.fixture(scope='module', params=['pi0', 'pi05'])
 def model_and_context(request):
-    model = random_model(preset('tiny', policy_type=request.param), seed=3)
+    model = random_model(family_class(request.param).tiny_config(), seed=3)
     return (model,) + inputs_for(model)
 
 
@@ -114,7 +114,7 @@ def test_guided_chunks_continue_the_leftover_over_many_steps(model_and_context):
 
 
 def trained_model(policy_type):
-    config = dataclasses.replace(preset('tiny', policy_type=policy_type), rtc_training_max_delay=4)
+    config = dataclasses.replace(family_class(policy_type).tiny_config(), rtc_training_max_delay=4)
     return random_model(config, seed=3)
 
 
@@ -172,11 +172,11 @@ def test_hit_equals_miss_with_rtc_and_the_prefix_stays_untouched(runtime):
     leftover = np.linspace(-1, 1, 8 * 6).reshape(8, 6)
     miss = runtime.infer(obs, seed=1, prev_actions=leftover, inference_delay=2, rtc=rtc)
     entry = runtime.cache.get(miss.key)
-    stored = entry.kv.clone()
+    stored = entry['kv'].clone()
     hit = runtime.infer(obs, seed=1, prev_actions=leftover, inference_delay=2, rtc=rtc)
     assert not miss.cache_hit and hit.cache_hit and miss.continued and hit.continued
     assert np.array_equal(hit.actions, miss.actions)
-    assert torch.equal(runtime.cache.get(miss.key).kv, stored)
+    assert torch.equal(runtime.cache.get(miss.key)['kv'], stored)
     plain = runtime.infer(obs, seed=1)
     assert plain.cache_hit and not plain.continued and not np.array_equal(plain.actions, miss.actions)
 
@@ -213,3 +213,30 @@ def test_bad_leftovers_are_refused_before_the_cache(runtime, kwargs, field):
 @pytest.fixture
 def runtime(tiny_checkpoint):  # noqa: F811
     return PolicyRuntime.from_pretrained(tiny_checkpoint, device='cpu', dtype='float32')
+
+
+def test_guides_of_several_robots_stack_row_by_row_or_not_at_all():
+    """stack_guides (a batch of robots, runtime/batch.py): each row keeps its own guide; guides that differ in
+    structure or plain values, or hold a tensor that is not one row, do not stack (the robots then run alone)."""
+    noise = torch.zeros(1, 6, 4)
+    first = prepare_guide(torch.ones(3, 2), noise, 4, 1, None, RTCSettings(), 0)
+    second = prepare_guide(-torch.ones(5, 2), noise, 4, 2, 4, RTCSettings(schedule='exp'), 0)
+    both = stack_guides([first, second])
+    assert torch.equal(both.target, torch.cat([first.target, second.target])) and both.clamp is None
+    pairs = zip(both.scales + both.pulls, first.scales + first.pulls, second.scales + second.pulls)
+    assert all(torch.equal(stacked, torch.cat([a, b])) for stacked, a, b in pairs)
+    trained = prepare_guide(torch.ones(3, 2), noise, 4, 1, None, RTCSettings(mode='trained'), 3)
+    assert stack_guides([first, trained]) is None and stack_guides([first, None]) is None
+    assert stack_guides([prepare_guide(torch.ones(3, 2), noise, 3, 1, None, RTCSettings(), 0), first]) is None
+
+    @dataclasses.dataclass
+    class Schedule:
+        target: torch.Tensor
+        per_step: torch.Tensor          # [steps]: not a row of the batch
+        label: str
+
+    one = Schedule(torch.zeros(1, 6, 4), torch.ones(4), 'a')
+    assert stack_guides([one, one]) is None
+    rows = Schedule(torch.zeros(1, 6, 4), torch.ones(1, 4), 'a')
+    assert stack_guides([rows, dataclasses.replace(rows, label='b')]) is None
+    assert stack_guides([rows, rows]).per_step.shape == (2, 4)

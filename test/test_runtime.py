@@ -123,12 +123,12 @@ def test_cached_prefix_is_bit_identical_after_denoising(runtime):
     first = runtime.infer(obs, seed=0)
     context = runtime.cache.get(first.key)
     assert context is not None
-    kv_before, pad_before = context.kv.clone(), context.pad_mask.clone()
+    kv_before, pad_before = context['kv'].clone(), context['pad_mask'].clone()
     hits = [runtime.infer(obs, seed=s) for s in (1, 2)]
     assert all(chunk.cache_hit for chunk in hits)
     assert runtime.cache.get(first.key) is context
-    assert torch.equal(context.kv, kv_before)
-    assert torch.equal(context.pad_mask, pad_before)
+    assert torch.equal(context['kv'], kv_before)
+    assert torch.equal(context['pad_mask'], pad_before)
     # And the hit still reproduces the miss.
     assert np.array_equal(runtime.infer(obs, seed=0).actions, first.actions)
 
@@ -325,8 +325,8 @@ def test_cached_context_size_is_analytic(tiny_checkpoint, dtype, element):
     assert np.all(np.isfinite(chunk.actions))
     context = runtime.cache.get(chunk.key)
     lm = cfg.language
-    assert tuple(context.kv.shape) == (lm.depth, 2, 1, lm.num_kv_heads, cfg.prefix_len, lm.head_dim)
-    kv_bytes = context.kv.numel() * context.kv.element_size()
+    assert tuple(context['kv'].shape) == (lm.depth, 2, 1, lm.num_kv_heads, cfg.prefix_len, lm.head_dim)
+    kv_bytes = context['kv'].numel() * context['kv'].element_size()
     assert kv_bytes == cfg.kv_bytes_per_token(element) * cfg.prefix_len
     assert kv_bytes == 2 * lm.depth * lm.num_kv_heads * lm.head_dim * cfg.prefix_len * element
     assert kv_bytes == runtime.prefix_bytes()
@@ -334,7 +334,7 @@ def test_cached_context_size_is_analytic(tiny_checkpoint, dtype, element):
     assert runtime.cache.stats().bytes == context.nbytes
     # Pad mask: two present cameras, one masked, then the real prompt tokens.
     per_image = cfg.tokens_per_image
-    pad = context.pad_mask[0]
+    pad = context['pad_mask'][0]
     assert pad[:2 * per_image].all() and not pad[2 * per_image:3 * per_image].any()
     assert pad[3 * per_image] and not pad[-1]
 

@@ -4,8 +4,8 @@ import time
 import numpy as np
 import pytest
 
-from dds_helpers import (CAMERAS, NodeProcess, TestRig, base_params, diag_int, isolate, make_frame, pick_domain_id,
-                         positions_of)
+from dds_helpers import (CAMERAS, LOADED_MACHINE_WAIT_SEC, NodeProcess, TestRig, base_params, diag_int, isolate,
+                         make_frame, pick_domain_id, positions_of)
 
 DOMAIN_ID = pick_domain_id()
 isolate(DOMAIN_ID)
@@ -38,21 +38,22 @@ def test_the_node_hits_while_the_frames_repeat_and_the_joints_move(tmp_path, rig
         proc.wait_for_state(rig, 'active', timeout=60)
         rig.set_inputs(frames={c: make_frame(2000 + i) for i, c in enumerate(CAMERAS)})
         rig.start_streaming()
-        rig.wait_for_trajectories(2, timeout=20)
-        before = rig.wait_for_diagnostics(lambda d: 'cache_hits' in d, timeout=10)
+        rig.wait_for_trajectories(2, timeout=LOADED_MACHINE_WAIT_SEC)
+        before = rig.wait_for_diagnostics(lambda d: 'cache_hits' in d)
         assert before['policy_type'] == 'smolvla'
         assert int(before['cache_entry_bytes']) > int(before['prefix_entry_bytes']) > 0
         since = rig.trajectory_count()
-        # Same frames and instruction, the joints moving a little every 50 ms: every new chunk should hit.
-        deadline = time.monotonic() + 3.0
+        # Same frames and instruction, the joints moving a little every 50 ms (until four chunks are in, however
+        # long a loaded machine takes): every new chunk should hit.
+        deadline = time.monotonic() + LOADED_MACHINE_WAIT_SEC
         step = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and rig.trajectory_count() - since < 4:
             step += 1
             rig.set_inputs(joint_positions=[0.1 + 0.02 * step, -0.2, 0.3 - 0.01 * step, -0.1, 0.2, 0.0])
             time.sleep(0.05)
-        received = rig.wait_for_trajectories(4, timeout=20, since=since)
+        received = rig.wait_for_trajectories(4, timeout=1, since=since)
         after = rig.wait_for_diagnostics(lambda d: diag_int(d, 'cache_hits') >= diag_int(before, 'cache_hits') + 3,
-                                         timeout=20)
+                                         timeout=LOADED_MACHINE_WAIT_SEC)
         assert diag_int(after, 'cache_misses') == diag_int(before, 'cache_misses'), 'a joint move is never a miss'
         assert diag_int(after, 'cache_hits') - diag_int(before, 'cache_hits') >= 3
         # The joint state reaches the actions: the plans differ as the joints move.

@@ -185,7 +185,7 @@ def test_without_a_tokenizer_the_load_names_tokenizer_path(folder):
 def test_a_pi05_only_option_is_refused_for_smolvla(tiny):
     with pytest.raises(ValueError, match='pi05_padded_state_prompt'):
         PolicyRuntime.from_pretrained(tiny, device='cpu', dtype='float32', pi05_padded_state_prompt=True)
-    assert family_class('smolvla').state_in_prompt is False
+    assert family_class('smolvla').capabilities.state_in_prompt is False
 
 
 # ---- pipeline details ---------------------------------------------------------------------------------
@@ -252,10 +252,10 @@ def test_nothing_attends_to_the_state_token_so_the_cached_kv_are_lerobots(runtim
         joint = _joint_prefix_pass(model, images, image_masks, tokens, token_masks, state)
         chunk = model.chunk_setup(context, state, noise, 3)
         P = context.prefix_len
-        valid = context.pad_mask[0]      # a masked token's own K/V are attended by nobody (its row is all masked)
+        valid = context['pad_mask'][0]      # a masked token's own K/V are attended by nobody (its row is all masked)
         for i, (k, v) in enumerate(joint):
-            torch.testing.assert_close(k[:, :, :P][:, :, valid], context.kv[i, 0][:, :, valid], atol=1e-6, rtol=0)
-            torch.testing.assert_close(v[:, :, :P][:, :, valid], context.kv[i, 1][:, :, valid], atol=1e-6, rtol=0)
+            torch.testing.assert_close(k[:, :, :P][:, :, valid], context['kv'][i, 0][:, :, valid], atol=1e-6, rtol=0)
+            torch.testing.assert_close(v[:, :, :P][:, :, valid], context['kv'][i, 1][:, :, valid], atol=1e-6, rtol=0)
             torch.testing.assert_close(k[:, :, P], chunk.self_kv[i, 0, :, :, P], atol=1e-5, rtol=0)
             torch.testing.assert_close(v[:, :, P], chunk.self_kv[i, 1, :, :, P], atol=1e-5, rtol=0)
 
@@ -311,7 +311,7 @@ def test_a_frame_or_instruction_change_misses(runtime):
 def test_a_hit_equals_its_miss_bit_for_bit_and_never_writes_the_entry(runtime):
     miss = runtime.infer(Observation(frames(), STATE, TASK), seed=5)
     context = runtime.cache.get(miss.key)
-    stored = [context.kv.clone(), context.pad_mask.clone()] + [t.clone() for t in context.extra.values()]
+    stored = [context['kv'].clone(), context['pad_mask'].clone()] + [context['cross_kv'].clone()]
     rtc = RTCSettings()
     for state in (OTHER_STATE, STATE * 0.5, STATE):
         runtime.infer(Observation(frames(), state, TASK), seed=5)
@@ -320,10 +320,10 @@ def test_a_hit_equals_its_miss_bit_for_bit_and_never_writes_the_entry(runtime):
     hit = runtime.infer(Observation(frames(), STATE, TASK), seed=5)
     assert hit.cache_hit
     np.testing.assert_array_equal(hit.actions, miss.actions)
-    for before, after in zip(stored, [context.kv, context.pad_mask] + list(context.extra.values())):
+    for before, after in zip(stored, [context['kv'], context['pad_mask']] + [context['cross_kv']]):
         assert torch.equal(before, after)
     assert context.nbytes == runtime.config.cache_entry_bytes(4) and runtime.prefix_bytes() == context.nbytes - \
-        context.pad_mask.numel()
+        context['pad_mask'].numel()
 
 
 def test_entry_bytes_are_analytic_for_the_real_shape():
@@ -361,7 +361,7 @@ def test_bf16_runs_the_decoder_in_bf16_and_keeps_the_rest_fp32(tiny):
     chunk = runtime.infer(Observation(frames(), STATE, TASK), seed=0)
     assert np.all(np.isfinite(chunk.actions))
     context = runtime.cache.get(chunk.key)
-    assert context.kv.dtype == torch.bfloat16 and context.extra['cross_kv'].dtype == torch.float32
+    assert context['kv'].dtype == torch.bfloat16 and context['cross_kv'].dtype == torch.float32
     assert context.nbytes == runtime.config.cache_entry_bytes(2)
 
 

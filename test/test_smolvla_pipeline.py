@@ -22,11 +22,8 @@ import torch
 from lerobot_smolvla_reference import LerobotSmolVLAReference
 from smolvla_fixtures import CAMERAS, PARITY_VARIANTS, write_tiny_smolvla
 
-pytest.importorskip('vla_policy_node.policy.families.smolvla',
-                    reason='the package has no smolvla policy family yet (branch issue16)')
-
-from vla_policy_node.observation import Observation, ObservationError  # noqa: E402
-from vla_policy_node.runtime import PolicyRuntime  # noqa: E402
+from vla_policy_node.observation import Observation, ObservationError
+from vla_policy_node.runtime import PolicyRuntime
 
 ATOL = 1e-6
 

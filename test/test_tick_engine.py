@@ -197,17 +197,51 @@ def test_a_repeated_observation_keeps_the_executing_chunk_without_a_fault(runtim
     assert engine.run(newer, settings, NOW + 3 * PERIOD).publish is not None
 
 
-def test_a_repeated_observation_after_the_chunk_ran_out_is_computed_again(runtime):
+class CountingBackend:
+    """The runtime, counting its inferences."""
+
+    def __init__(self, runtime):
+        self.runtime, self.calls = runtime, 0
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def infer(self, *args, **kwargs):
+        self.calls += 1
+        return self.runtime.infer(*args, **kwargs)
+
+
+def test_a_repeated_observation_after_the_chunk_ran_out_is_refused_before_inference(runtime):
     settings = _settings(runtime, max_image_age_sec=5.0, max_joint_state_age_sec=5.0, stamp_mode='observation')
-    engine = TickEngine(runtime)
+    backend = CountingBackend(runtime)
+    engine = TickEngine(backend)
     engine.activate(NOW)
     buf = _buffer_at(settings, NOW)
-    assert engine.run(buf, settings, NOW + PERIOD).publish is not None
+    assert engine.run(buf, settings, NOW + PERIOD).publish is not None and backend.calls == 1
     end = engine.handover.executing.end
-    # Its last action is due at NOW + end * PERIOD: from then on nothing executes; the tick computes (and a
-    # chunk of a frame that old is all due: chunk_elapsed, a fault).
-    outcome = engine.run(buf, settings, NOW + end * PERIOD)
-    assert outcome.skip is not None and outcome.skip.reason is SkipReason.CHUNK_ELAPSED
+    # Its last action is due at NOW + end * PERIOD: from then on nothing executes, and a chunk of the same frames
+    # would be all due too: chunk_elapsed (a fault: the arm stands), decided without computing it.
+    for k in range(3):
+        outcome = engine.run(buf, settings, NOW + (end + k) * PERIOD)
+        assert outcome.skip is not None and outcome.skip.reason is SkipReason.CHUNK_ELAPSED and outcome.chunk is None
+        assert 'not computed' in str(outcome.skip)
+    assert backend.calls == 1 and engine.stats.chunks == 1
+
+
+@pytest.mark.parametrize('age_periods, computed', [(4, True), (5, False), (9, False)])
+def test_an_observation_as_old_as_the_published_chunk_is_not_computed(runtime, age_periods, computed):
+    """execute_steps 5: a frame 4 periods old still leaves its last action ahead (published); 5 or more: every
+    published action is due before inference could even start."""
+    settings = _settings(runtime, max_image_age_sec=5.0, max_joint_state_age_sec=5.0, execute_steps=5)
+    backend = CountingBackend(runtime)
+    engine = TickEngine(backend)
+    engine.activate(NOW)
+    outcome = engine.run(_buffer_at(settings, NOW), settings, NOW + age_periods * PERIOD)
+    assert backend.calls == int(computed)
+    if computed:
+        assert outcome.publish is not None and outcome.publish.first_action == 4
+    else:
+        assert outcome.skip.reason is SkipReason.CHUNK_ELAPSED and outcome.chunk is None
 
 
 def test_diagnostics_show_the_camera_clock_and_a_repeated_observation_is_no_warning(runtime):
@@ -232,3 +266,31 @@ def test_diagnostics_show_the_camera_clock_and_a_repeated_observation_is_no_warn
     assert values['camera_clock'] == 'receive' and settings.layout.cameras[0].topic in values['camera_clock_reason']
     assert values['skipped_repeated_observation'] == '1' and 'last_skip' not in values
     assert status.level == DiagnosticStatus.OK
+
+
+def test_a_camera_clock_jump_is_logged_once_per_direction_and_counted_on_diagnostics(runtime):
+    """The first camera's stamps 5 s ahead for good, then back: each jump is one log line (throttled, but there
+    and back both said), counted per camera on /diagnostics."""
+    pytest.importorskip('diagnostic_msgs')
+    from vla_policy_node.ros.diagnostics import PolicyReport, diagnostics_msg
+    from vla_policy_node.tick import ThrottledReporter
+    settings = _settings(runtime, max_image_age_sec=1.0)
+    engine, reporter, buf = TickEngine(runtime), ThrottledReporter(), InputBuffer()
+    engine.activate(NOW)
+    lines = []
+    for k in range(60):                               # 20 Hz frames for 3 s, the jump at 1 s, back at 2 s
+        t = NOW + k * NS // 20
+        offset = 5 * NS if 20 <= k < 40 else 0
+        for entry in settings.layout.cameras:
+            buf.put(entry, _image(header=_header(t + (offset if entry is settings.layout.cameras[0] else 0))), t)
+        buf.put(settings.layout.joint_states, SimpleNamespace(header=_header(t), name=JOINTS, position=[0.0] * 6), t)
+        buf.put(settings.layout.instruction, SimpleNamespace(data='pick it up'), t)
+        if k % 2:
+            lines += [line for line in engine.run(buf, settings, t).warnings(reporter) if 'jumped' in line]
+    camera = settings.layout.cameras[0]
+    assert len(lines) == 2 and 'ahead of' in lines[0] and 'behind' in lines[1] and camera.topic in lines[0], lines
+    snapshot = engine.stats.snapshot()
+    report = PolicyReport(name='policy', lifecycle='active', configure_error='', new_skips=0, stats=snapshot)
+    values = {pair.key: pair.value for pair in diagnostics_msg(NOW, report).status[0].values}
+    assert values['clock_jumps'] == '2' and values[f'clock_jumps_{camera.camera}'] == '2', values
+    assert values['joint_state_clock'] == 'header' and values['clock_outliers'] == '0'

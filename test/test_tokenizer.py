@@ -1,4 +1,4 @@
-"""Tests for vla_policy_node.policy.families.pi0.tokenizer (pi0 / pi0.5 prompt tokenization)."""
+"""pi0's PaliGemma tokenizer (families/pi0/tokenizer.py) and pi0.5's prompt on it (families/pi05/tokenizer.py)."""
 import time
 
 import numpy as np
@@ -6,13 +6,8 @@ import pytest
 
 from tokenizer_fixtures import export_tokenizer_json
 from vla_policy_node.policy.families.pi0.tiny_tokenizer import build_test_tokenizer
-from vla_policy_node.policy.families.pi0.tokenizer import (
-    PromptTokenizer,
-    TokenizerError,
-    discretize_state,
-    format_pi0_prompt,
-    format_pi05_prompt,
-)
+from vla_policy_node.policy.families.pi0.tokenizer import PromptTokenizer, TokenizerError, format_pi0_prompt
+from vla_policy_node.policy.families.pi05.tokenizer import discretize_state, encode_pi05, format_pi05_prompt
 
 STATE = np.array([-1.0, 0.999, 0.0, 0.5, -0.25], dtype=np.float32)
 
@@ -46,7 +41,7 @@ def _real_ids(ids, mask):
 @pytest.mark.parametrize('which', ['pi0', 'pi05'])
 def test_shapes_and_dtypes(tok, which):
     ids, mask = (tok.encode_pi0('pick up the cube', 48) if which == 'pi0'
-                 else tok.encode_pi05('pick up the cube', STATE, 48))
+                 else encode_pi05(tok, 'pick up the cube', STATE, 48))
     assert ids.shape == (48,) and mask.shape == (48,)
     assert ids.dtype == np.int64
     assert mask.dtype == np.bool_
@@ -59,7 +54,7 @@ def test_special_ids_follow_paligemma(tok):
 @pytest.mark.parametrize('which', ['pi0', 'pi05'])
 def test_bos_first(tok, which):
     ids, _ = (tok.encode_pi0('open the drawer', 32) if which == 'pi0'
-              else tok.encode_pi05('open the drawer', STATE, 64))
+              else encode_pi05(tok, 'open the drawer', STATE, 64))
     assert ids[0] == tok.bos_id == 2
     assert tok.bos_id not in ids[1:].tolist()
 
@@ -78,7 +73,7 @@ def test_truncation_keeps_head(tok, which):
     def encode(max_length):
         if which == 'pi0':
             return tok.encode_pi0('stack the green cup on the blue plate', max_length)
-        return tok.encode_pi05('stack the green cup on the blue plate', STATE, max_length)
+        return encode_pi05(tok, 'stack the green cup on the blue plate', STATE, max_length)
 
     full_ids, full_mask = encode(200)
     full = _real_ids(full_ids, full_mask)
@@ -147,24 +142,24 @@ def test_the_legacy_prompt_pads_the_state_with_zeros_that_bin_to_128():
 
 
 def test_pi05_ids_are_bos_plus_prompt(tok):
-    ids, mask = tok.encode_pi05('pick up the cube', STATE, 128)
+    ids, mask = encode_pi05(tok, 'pick up the cube', STATE, 128)
     expected = [2] + tok.encode_text(format_pi05_prompt('pick up the cube', STATE))
     assert _real_ids(ids, mask) == expected
 
 
 def test_pi05_state_changes_ids(tok):
-    base, _ = tok.encode_pi05('pick up the cube', STATE, 128)
+    base, _ = encode_pi05(tok, 'pick up the cube', STATE, 128)
     changed_state = STATE.copy()
     changed_state[3] = -0.5
-    changed, _ = tok.encode_pi05('pick up the cube', changed_state, 128)
+    changed, _ = encode_pi05(tok, 'pick up the cube', changed_state, 128)
     assert base.tolist() != changed.tolist()
 
 
 def test_pi05_rejects_bad_state(tok):
     with pytest.raises(TokenizerError):
-        tok.encode_pi05('go', np.array([0.0, np.nan]), 64)
+        encode_pi05(tok, 'go', np.array([0.0, np.nan]), 64)
     with pytest.raises(TokenizerError):
-        tok.encode_pi05('go', np.zeros((2, 2)), 64)
+        encode_pi05(tok, 'go', np.zeros((2, 2)), 64)
 
 
 # -- loading, identity, backends ----------------------------------------------------
@@ -202,8 +197,8 @@ def test_backends_give_equal_ids(tok, hf_tok, instruction):
         sp_ids, sp_mask = tok.encode_pi0(instruction, max_length)
         hf_ids, hf_mask = hf_tok.encode_pi0(instruction, max_length)
         assert sp_ids.tolist() == hf_ids.tolist() and sp_mask.tolist() == hf_mask.tolist()
-        sp_ids, _ = tok.encode_pi05(instruction, STATE, max_length)
-        hf_ids, _ = hf_tok.encode_pi05(instruction, STATE, max_length)
+        sp_ids, _ = encode_pi05(tok, instruction, STATE, max_length)
+        hf_ids, _ = encode_pi05(hf_tok, instruction, STATE, max_length)
         assert sp_ids.tolist() == hf_ids.tolist()
 
 

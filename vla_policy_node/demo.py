@@ -93,7 +93,7 @@ def command_error_of(plans: Sequence[Plan], bag: Path, joint_names: Sequence[str
     arrived, where that is known, left out) against the bag's recorded command, exactly as the offline report
     computes it (replay/report.py command_error)."""
     from .observation import joint_positions
-    from .replay.bag_io import read_messages
+    from .bags.bag_io import read_messages
     from .replay.make_bag import COMMAND_TOPIC
     from .replay.report import ReplayResult, TickRecord, command_error
 
@@ -284,7 +284,7 @@ class Monitor:
                              holds)
 
     def close(self) -> None:
-        from .replay.bag_io import BagWriter
+        from .bags.bag_io import BagWriter
 
         with BagWriter(self._bag_path, storage='sqlite3') as writer:
             writer.add_topic(self._topic, TRAJECTORY_TYPE)
@@ -299,7 +299,7 @@ def run_live(paths: Dict[str, Path], run: Path, rate: float,
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
 
-    from .replay.bag_io import bag_topics, read_messages
+    from .bags.bag_io import bag_topics, read_messages
     from .replay.play import play
     from .params import DEFAULT_TRAJECTORY_TOPIC
     from .settings import absolute_topic

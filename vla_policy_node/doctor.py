@@ -370,7 +370,24 @@ def suggested_parameters(folder: Path, config: Any, fps: float, latency_ms: Opti
         lines.append(f'    # WARNING: a {latency_ms:g} ms inference does not fit a {span:.2f} s trajectory: the arm '
                      'would stop between chunks')
     lines.append('    chunking: "rtc"   # smooth hand-over between chunks')
+    lines += _shipped_demo_note(folder)
     return lines
+
+
+def _shipped_demo_note(folder: Path) -> List[str]:
+    """For the embedded demo checkpoint: why the shipped params file runs it otherwise than the block above."""
+    from .policy.builtin import DEMO_CHECKPOINT
+
+    if Path(folder).resolve() != DEMO_CHECKPOINT.resolve():
+        return []
+    rate, chunking = SPECS['control_rate_hz'].default, SPECS['chunking'].default
+    return ['    # The shipped config/vla_policy.yaml and config/demo.yaml run builtin:demo otherwise, at',
+            f'    # control_rate_hz {float(rate)} and chunking "{chunking}" (the parameters\' defaults): its model '
+            'answers in milliseconds,',
+            '    # so it can replan at every action, and each chunk is sampled on its own, as lerobot\'s rollout '
+            'runs a policy.',
+            '    # The block above is the rule for a checkpoint of real size: replan half way through each '
+            'trajectory, with rtc.']
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -109,13 +109,16 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               '2025-10-02 (#1910) to 2026-03-05 (#2964). Set it only for checkpoints fine-tuned with lerobot '
               'releases between those dates; false: the unpadded state of current lerobot and openpi.',
               read_only=True, family_option=True),
-    ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one.',
+    ParamSpec('warmup', True, 'bool', 'Run one inference during configure so the first tick is not the slow one. '
+              'With cuda_graphs auto or on it always runs: that is where the graphs are captured.',
               read_only=True),
     ParamSpec('cuda_graphs', 'off', 'string',
               'CUDA graphs for the denoise loop (all steps in one graph, over a static K/V workspace) and the '
-              'prefix: auto (on a CUDA device, eager where a capture fails), on (a capture failure in the '
-              'configure warm-up, or a device without CUDA, fails configure), off (eager). Default off until '
-              'measured on a GPU.',
+              'prefix, captured in the configure warm-up for every prompt bucket and chunking mode at num_steps '
+              '(a tick never captures; a shape without a graph runs eagerly, counted in /diagnostics '
+              'eager_fallback_reasons): auto (on a CUDA device, eager where a capture fails, logged once), on (a '
+              'capture failure in the warm-up, or a device without CUDA, fails configure), off (eager). Default '
+              'off until measured on a GPU. docs/gpu.md.',
               read_only=True, choices=('auto', 'on', 'off')),
     ParamSpec('quantization', 'none', 'string',
               'Weights of the transformer blocks (and the token table): none; int8_weights (per-channel int8, '
@@ -178,8 +181,18 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               'clock: same machine, synchronised clocks, sim time), receive (another clock: a frame\'s time is its '
               'receive time less how much later it arrived than the fastest of its camera\'s recent frames) or '
               'auto (header under use_sim_time, or when every camera\'s frames arrive after their stamps and '
-              'within max_image_age_sec; else receive). The choice and why: /diagnostics camera_clock and '
-              'camera_clock_reason, the replay summary.', read_only=True, choices=CAMERA_CLOCKS),
+              'within half of max_image_age_sec; else receive). A frame whose stamp jumps against its receive '
+              'time by more than 0.5 s (a clock step, a glitched stamp) is never timed from the estimate before '
+              'the jump: refused (camera_clock_jump) or timed by receipt until the jump has held 0.5 s (the '
+              'estimate restarts on it: /diagnostics clock_jumps) or the stamps come back (clock_outliers). The '
+              'choice and why: /diagnostics camera_clock and camera_clock_reason, the replay summary.',
+              read_only=True, choices=CAMERA_CLOCKS),
+    ParamSpec('joint_state_clock', 'auto', 'string',
+              'The clock of the joint-state stamps, which time max_joint_state_age_sec: header, receive or auto, '
+              'the rule of camera_clock on the joint states\' own delays (auto: header under use_sim_time, or '
+              'when they arrive after their stamps and within half of max_joint_state_age_sec; else receive), jumps '
+              'included (joint_state_clock_jump). The choice and why: /diagnostics joint_state_clock and '
+              'joint_state_clock_reason.', read_only=True, choices=CAMERA_CLOCKS),
     ParamSpec('chunking', 'independent', 'string',
               'independent: every chunk is sampled on its own; rtc: real-time chunking, each chunk continues '
               'the unexecuted rest of the one being executed (smooth hand-over).', choices=CHUNKING_MODES),

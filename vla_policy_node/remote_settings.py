@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
 from .params import ParameterError, effective
 from .policy.checkpoint import CheckpointError, load_normalizers
 from .policy.config_fields import ConfigError
 from .policy.families import folder_config
+from .policy.family import PolicyLevelFields
 from .remote.client import RemoteBackend, RemoteSettings, public_url
 from .wire.profiles import PROFILES, KeyMapError, default_cameras, resolve_key_map
 
@@ -26,42 +27,25 @@ MAX_REMOTE_HORIZON = 1000           # the most actions a reply may carry when no
 MAX_KEY_FILE_BYTES = 4096
 
 
-@dataclass(frozen=True)
-class RemoteConfig:
-    """The policy-level fields (policy/family.py PolicyLevelConfig) for a policy that runs elsewhere."""
+@dataclass(frozen=True, kw_only=True)
+class RemoteConfig(PolicyLevelFields):
+    """The policy-level fields (policy/family.py PolicyLevelFields) for a policy that runs elsewhere: the robot's
+    cameras and dimensions, the server's chunk size. Nothing is padded here (max_state_dim / max_action_dim
+    default to the robot's) and every action of a chunk may run (n_action_steps defaults to chunk_size)."""
 
-    camera_names: Tuple[str, ...]
-    state_dim: int
-    action_dim: int
-    chunk_size: int = MAX_REMOTE_HORIZON
     policy_type: str = 'remote'
-    num_inference_steps: int = 10
-    rtc_training_max_delay: int = 0
-    use_relative_actions: bool = False
-    relative_exclude_joints: Tuple[str, ...] = ()
-    action_feature_names: Optional[Tuple[str, ...]] = None
     image_resolution: Tuple[int, int] = (224, 224)
-    normalization_mapping: Dict[str, str] = field(default_factory=dict)
+    chunk_size: int = MAX_REMOTE_HORIZON
+    normalization_mapping: Mapping[str, str] = field(default_factory=dict)
+    n_action_steps: int = 0        # 0: chunk_size
+    max_state_dim: int = 0         # 0: state_dim
+    max_action_dim: int = 0        # 0: action_dim
 
-    @property
-    def all_camera_names(self) -> Tuple[str, ...]:
-        return self.camera_names
-
-    @property
-    def empty_cameras(self) -> int:
-        return 0
-
-    @property
-    def n_action_steps(self) -> int:
-        return self.chunk_size
-
-    @property
-    def max_state_dim(self) -> int:
-        return self.state_dim
-
-    @property
-    def max_action_dim(self) -> int:
-        return self.action_dim
+    def __post_init__(self) -> None:
+        for name, default in (('n_action_steps', 'chunk_size'), ('max_state_dim', 'state_dim'),
+                              ('max_action_dim', 'action_dim')):
+            if not getattr(self, name):
+                object.__setattr__(self, name, getattr(self, default))
 
 
 def check_url(url: str) -> None:

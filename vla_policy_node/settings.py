@@ -78,6 +78,7 @@ def tick_settings(values: Mapping[str, Any], layout: InputLayout) -> TickSetting
                           max_camera_skew_sec=values['max_camera_skew_sec'],
                           max_joint_state_age_sec=values['max_joint_state_age_sec'],
                           default_instruction=values['instruction'], camera_clock=values['camera_clock'],
+                          joint_state_clock=values['joint_state_clock'],
                           sim_time=bool(values.get('use_sim_time', False)))
     return TickSettings(layout=layout, limits=limits, joint_names=tuple(values['joint_names']),
                         action_period_sec=values['action_period_sec'], execute_steps=values['execute_steps'],
@@ -141,7 +142,7 @@ def load_runtime(values: Mapping[str, Any]) -> PolicyRuntime:
                                          tokenizer_path=values['tokenizer_path'] or None,
                                          cache_max_bytes=values['cache_max_bytes'],
                                          cache_max_entries=values['cache_max_entries'],
-                                         cuda_graphs=values['cuda_graphs'],
+                                         num_steps=values['num_steps'], cuda_graphs=values['cuda_graphs'],
                                          quantization=values['quantization'],
                                          **{name: values[name] for name in FAMILY_OPTIONS})
 
@@ -181,8 +182,8 @@ def configure(values: Mapping[str, Any], info: Optional[Callable[[str], None]] =
         info(f'torch CPU threads: {threads or "torch default"} (cpu_threads {values["cpu_threads"]}, '
              f'{usable_cpus()} usable CPUs)')
         info(f'{runtime.summary()}; cameras {[camera.topic for camera in layout.cameras]}')
-        # cuda_graphs 'on' always warms up: that is where a capture failure fails configure.
-        warm = runtime.warmup() if values['warmup'] or values['cuda_graphs'] == 'on' else None
+        # cuda_graphs auto / on always warm up: graphs are captured there (under 'on' a failure fails configure).
+        warm = runtime.warmup() if values['warmup'] or values['cuda_graphs'] != 'off' else None
         if warm is not None:                     # None: the backend has nothing to warm (remote)
             info(f'warm-up chunk in {warm.total_ms:.1f} ms')
         if values.get('outputs'):

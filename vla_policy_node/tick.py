@@ -7,7 +7,9 @@ Anything wrong on the way becomes a SkipTick with a reason; nothing invalid
 leaves this module. The caller (node or replay) owns the clock and the output;
 it passes the clock so a chunk can be timed from its publication. Every chunk
 counts from its observation (handover.py); a tick that only repeats the executing
-chunk's observation is skipped as repeated_observation, no fault, and the chunk goes on.
+chunk's observation is skipped as repeated_observation, no fault, and the chunk goes on;
+one whose chunk would be all due before it could be published (the executing chunk ran out
+on the same frames) is skipped as chunk_elapsed before inference, not after it.
 """
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .observation import (AssembledObservation, CameraClock, InputBuffer, InputLayout, Measured, ObservationError,
                           SkipReason, SkipTick, TimingLimits)
 from .images import DEFAULT_MAX_PIXELS
+from .stamp_clock import ClockEvent
 from .handover import ChunkHandover, Continuation, ExecutingChunk, HandoverMetrics, elapsed_actions
 from .policy.rtc import RTCSettings
 from .runtime import STAGES, ActionChunk, PolicyRuntime
@@ -75,11 +78,24 @@ class TickOutcome:
     elapsed: int = 0                           # actions of the chunk already due at publication
     handover: Optional[HandoverMetrics] = None
     review: Review = dataclasses.field(default_factory=Review)   # what the safety supervisor lets out
+    # Input clock jumps and outliers seen since the previous tick (stamp_clock.py).
+    clock_events: List[ClockEvent] = dataclasses.field(default_factory=list)
 
     @property
     def publish(self) -> Optional[TrajectoryPlan]:
         """What goes to the controller: the (shaped) policy plan, a hold, or nothing."""
         return self.review.plan
+
+    def warnings(self, reporter: 'ThrottledReporter') -> List[str]:
+        """The log lines of this tick, each throttled per kind and topic: the clock events, then the skip (a
+        repeated observation is no fault: the executing chunk goes on, unlogged)."""
+        lines = [event.describe() for event in self.clock_events       # per direction: there and back both said
+                 if reporter.should_report(f'clock_{"jump" if event.jump else "outliers"}:{event.topic}:'
+                                           f'{event.shift_ns > 0}')]
+        skip = self.skip
+        if skip is not None and skip.reason.fault and reporter.should_report(f'{skip.reason}:{skip.topic}'):
+            lines.append(f'tick skipped {skip.describe()}')
+        return lines
 
 
 class TickStats:
@@ -106,6 +122,10 @@ class TickStats:
         self.timings_clock = ''                # how the latest chunk's stage timings were measured
         self.camera_clock: Optional[CameraClock] = None       # the latest observation's clock and why
         self.camera_clocks: Dict[str, int] = collections.Counter()   # observations per clock
+        self.joint_state_clock: Optional[CameraClock] = None
+        # Per input (camera name, joint_states): stamp clock jumps, and messages set aside as outliers.
+        self.clock_jumps: Dict[str, int] = collections.Counter()
+        self.clock_outliers: Dict[str, int] = collections.Counter()
 
     def record(self, outcome: TickOutcome) -> None:
         with self._lock:
@@ -117,6 +137,12 @@ class TickStats:
             if outcome.assembled is not None:
                 self.camera_clock = outcome.assembled.clock
                 self.camera_clocks[outcome.assembled.clock.name] += 1
+                self.joint_state_clock = outcome.assembled.joint_clock
+            for event in outcome.clock_events:
+                if event.jump:
+                    self.clock_jumps[event.input] += 1
+                else:
+                    self.clock_outliers[event.input] += event.messages
             chunk = outcome.chunk
             if chunk is not None:
                 self.chunks += 1
@@ -170,7 +196,9 @@ class TickStats:
                                      clipped=self.clipped, skipped=dict(self.skipped), last_skip=self.last_skip,
                                      latency=_percentiles(self._latency), handover=_percentiles(self._handover),
                                      continued=self.continued, delay=self.delay,
-                                     timings_clock=self.timings_clock, camera_clock=self.camera_clock)
+                                     timings_clock=self.timings_clock, camera_clock=self.camera_clock,
+                                     joint_state_clock=self.joint_state_clock, clock_jumps=dict(self.clock_jumps),
+                                     clock_outliers=dict(self.clock_outliers))
 
 
 def _percentiles(windows: Dict[str, Deque[float]]) -> Dict[str, Dict[str, float]]:
@@ -198,6 +226,9 @@ class TickStatsSnapshot:
     delay: int = 0
     timings_clock: str = ''      # 'cuda_events' or 'host' (runtime.ActionChunk.timings_clock); '' before a chunk
     camera_clock: Optional[CameraClock] = None    # the latest observation's clock and why; None before one
+    joint_state_clock: Optional[CameraClock] = None
+    clock_jumps: Dict[str, int] = dataclasses.field(default_factory=dict)       # per input
+    clock_outliers: Dict[str, int] = dataclasses.field(default_factory=dict)    # per input, messages
 
     @property
     def skipped_total(self) -> int:
@@ -239,8 +270,9 @@ class TickEngine:
         """ROS time jumped back by ``back_sec``: hold where the arm was last measured, drop the frames and the
         joint state of the old timeline (stamped in the new one's future: camera_future, camera_skew) and the
         executing chunk; ticks go on as soon as new inputs arrive."""
-        measured = buffer.measured(settings.joint_names, settings.layout.joint_states.topic, float('inf'), now_ns)
-        buffer.drop_timed()
+        measured = buffer.measured(settings.joint_names, settings.layout.joint_states.topic, settings.limits, now_ns,
+                                   max_age_sec=float('inf'))
+        buffer.drop_timed(back_sec)
         self.handover.reset()
         return self.supervisor.clock_jumped(
             settings.joint_names, measured, settings.safety, now_ns,
@@ -257,13 +289,12 @@ class TickEngine:
 
     @staticmethod
     def measured(buffer: InputBuffer, settings: TickSettings, now_ns: int) -> Measured:
-        return buffer.measured(settings.joint_names, settings.layout.joint_states.topic,
-                               settings.limits.max_joint_state_age_sec, now_ns)
+        return buffer.measured(settings.joint_names, settings.layout.joint_states.topic, settings.limits, now_ns)
 
     def run(self, buffer: InputBuffer, settings: TickSettings, now_ns: int,
             clock: Optional[Callable[[], int]] = None) -> TickOutcome:
         """One tick at ``now_ns``; ``clock()`` gives the publication time after inference (default: now_ns)."""
-        outcome = TickOutcome(now_ns=now_ns)
+        outcome = TickOutcome(now_ns=now_ns, clock_events=buffer.take_clock_events())
         try:
             if now_ns == 0:
                 # use_sim_time before the first /clock: time is 0, no age or stamp means anything yet.
@@ -273,6 +304,7 @@ class TickEngine:
             if self.handover.repeated(outcome.assembled, settings, now_ns, settings.repeated_state_tolerance):
                 raise SkipTick(SkipReason.REPEATED_OBSERVATION, 'the executing chunk\'s observation again (same '
                                'frames, joints, instruction and settings): that chunk goes on')
+            self._refuse_elapsed(outcome, settings, now_ns)
             continuation = self._continuation(outcome, settings)
             outcome.chunk = self._infer(outcome.assembled, settings, continuation)
             outcome.publish_ns = clock() if clock is not None else now_ns
@@ -306,6 +338,20 @@ class TickEngine:
                                outcome.assembled, settings), elapsed)
         elif review.kind is not None:
             self.handover.reset()
+
+    def _refuse_elapsed(self, outcome: TickOutcome, settings: TickSettings, now_ns: int) -> None:
+        """chunk_elapsed before inference: a chunk counts from its observation, so one whose published actions
+        would all be due by now (an observation as old as the chunk is long: the executing chunk ran out and
+        the frames repeat, or a camera slower than execute_steps) is decided here, not computed and then
+        dropped. chunk_size bounds every chunk the backend returns, so no publishable chunk is refused."""
+        horizon = getattr(self.runtime.config, 'chunk_size', None)
+        if not horizon:
+            return
+        end = published_range(int(horizon), settings.execute_steps)
+        if elapsed_actions(outcome.origin_ns, now_ns, settings.period_ns) >= end:
+            age_ms = (now_ns - outcome.origin_ns) / 1e6
+            raise SkipTick(SkipReason.CHUNK_ELAPSED, f'the observation is {age_ms:.0f} ms old at the tick: all {end} '
+                           'published actions of its chunk would already be due (not computed)')
 
     def _continuation(self, outcome: TickOutcome, settings: TickSettings) -> Continuation:
         delay = self.handover.delays.estimate(settings.delay_mode, settings.delay_window, settings.delay_steps)

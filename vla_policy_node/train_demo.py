@@ -60,7 +60,7 @@ from .policy.families.pi0.training import flow_matching_loss, sample_time, train
 from .policy.normalize import FeatureNormalizer
 from .policy.preprocess import image_to_unit_tensor, resize_with_pad, to_model_range
 from .policy.tiny_default import DEFAULT_SEED, random_model
-from .replay.bag_io import bag_topics, read_messages
+from .bags.bag_io import bag_topics, read_messages
 from .replay.make_bag import COMMAND_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, SampleBagSpec, write_sample_bag
 
 # The demo's action period (config/demo.yaml action_period_sec; a test keeps them equal).
@@ -230,7 +230,7 @@ def train(output: Path, bag: Optional[Path] = None, seed: int = DEFAULT_SEED, st
           progress: bool = True, command: Optional[str] = None) -> TrainResult:
     """Fit the tiny pi0 to ``bag`` (default: the demo's sample bag, written to a scratch folder) and write
     the checkpoint to ``output``. Deterministic for a seed; one torch thread."""
-    config = preset('tiny', policy_type='pi0')
+    config = preset('tiny')
     output = Path(output)
     threads = torch.get_num_threads()
     rng_state = torch.random.get_rng_state()

@@ -1,4 +1,4 @@
-"""Prefix cache keys: a 128-bit hash of everything that determines the prefix K/V.
+"""Prefix cache keys: a 128-bit hash of everything that determines the prefix context.
 
 The key is built from the *raw* camera message bytes (plus the fields that say
 how to read them), not from preprocessed tensors, so a hit needs no decoding,
@@ -53,12 +53,16 @@ class PrefixKeyBuilder:
     """Keys for one loaded model: the model-level part is hashed once, up front."""
 
     def __init__(self, model_revision: str, tokenizer_identity: str, dtype: str,
-                 layout_version: int = PREFIX_LAYOUT_VERSION, quantization: str = 'none') -> None:
+                 layout_version: int = PREFIX_LAYOUT_VERSION, quantization: str = 'none', processor: str = '') -> None:
         """``quantization``: the weights' mode (policy/quant.py); the same checkpoint quantized otherwise computes
-        another prefix, so it is part of the model identity (``none`` adds nothing: unquantized keys unchanged)."""
+        another prefix, so it is part of the model identity (``none`` adds nothing: unquantized keys unchanged).
+        ``processor``: the family's processor settings that turn raw frames and the prompt into the model's
+        inputs and that neither the weights nor the tokens fix (PolicyFamily.processor_identity; '' adds
+        nothing)."""
         header = xxhash.xxh3_128()
         parts = [f'layout:{layout_version}', f'model:{model_revision}', f'tokenizer:{tokenizer_identity}',
-                 f'dtype:{dtype}'] + ([f'quantization:{quantization}'] if quantization != 'none' else [])
+                 f'dtype:{dtype}'] + ([f'quantization:{quantization}'] if quantization != 'none' else []) \
+            + ([f'processor:{processor}'] if processor else [])
         for part in parts:
             _put_text(header, part)
         self._model_digest = header.digest()

@@ -26,9 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..params import ParameterError, load_params_file, resolve_values, validate
 from ..policy.checkpoint import CheckpointError
 from ..policy.config_fields import ConfigError
-from ..replay.bag_io import BagError, message_count, require_topics
-from ..replay.bag_time import replayed_topics
-from ..replay.offline import DEFAULT_COMMAND_TOPIC
+from ..bags.bag_io import BagError, message_count, require_topics
+from ..bags.bag_time import DEFAULT_COMMAND_TOPIC, replayed_topics
 from . import DatasetError, require_dataset_extra
 from .samples import CommandTrack, Gap, Sample, TickInputs, bag_ticks, bag_time_text
 

@@ -6,7 +6,7 @@
 Every rule is the node's own, from the same code: the input layout and topics (settings.input_layout from the
 params), the InputBuffer with its age, skew and joint-name rules (observation.py), the frame, state and
 instruction checks (observation_checks.py, in the runtime's order), the decoding (images.py through
-remote/frames.rgb_frame, grey frames as RGB as the runtime expands them), the tick grid (replay/bag_time.py,
+remote/frames.rgb_frame, grey frames as RGB as the runtime expands them), the tick grid (bags/bag_time.py,
 shared with vla_policy_replay). A tick the node would skip is a ``Gap`` with the node's skip reason, never a
 sample.
 
@@ -31,8 +31,8 @@ import numpy as np
 from ..observation import (NS_PER_SEC, MAX_INSTRUCTION_CHARS, InputBuffer, InputLayout, ObservationError,
                            SkipReason, SkipTick, TextEnum, TimingLimits, header_stamp_ns, joint_positions)
 from ..remote.frames import rgb_frame
-from ..replay.bag_io import BagMessage, read_messages
-from ..replay.bag_time import Due, on_bag_time
+from ..bags.bag_io import BagMessage, read_messages
+from ..bags.bag_time import Due, on_bag_time
 from ..observation_checks import camera_slots, checked_instruction, checked_state
 from . import DatasetError
 
@@ -173,7 +173,7 @@ def bag_ticks(bag: Path, topics: Iterable[str], inputs: TickInputs, command: Com
               progress: Optional[Any] = None) -> Iterator[Union[Sample, Gap]]:
     """Every control tick over ``bag`` in time order, as a Sample (with its action) or a Gap.
 
-    ``topics``: what the bag is read for (replay/bag_time.replayed_topics: they set the tick grid). ``progress``
+    ``topics``: what the bag is read for (bags/bag_time.replayed_topics: they set the tick grid). ``progress``
     (a tqdm bar) advances per message. A message that cannot be read raises DatasetError naming its topic and
     bag time.
     """

@@ -38,7 +38,6 @@ class ConfigField:
     handling: str
     why: str
     accepted: Tuple[Any, ...] = ()               # DEFAULT_ONLY: the values that load (JSON values)
-    policy_types: Tuple[str, ...] = ()           # the lerobot config types of the table that have this field
 
 
 PRETRAINED_CONFIG_FIELDS: Tuple[ConfigField, ...] = (

@@ -3,69 +3,135 @@
 A family is a folder under ``policy/families/`` (config and field table, model, tokenizer, adapter) with one
 ``PolicyFamily`` subclass and one registry line (``families/__init__.py``); docs/architecture.md says what a
 new one adds. The runtime, fast path, cache, doctor, tiny-checkpoint writer, demo, server and benchmarks
-talk to the three declarations of this module only and never test the type string; where families differ
-in what the runtime must do, a capability says so (``state_in_prompt``). Nothing here knows a family.
+talk to the declarations of this module only and never test the type string; where families differ in what
+the runtime must do, a capability says so (``FamilyCapabilities``). Nothing here knows a family.
 
-    raw observation --runtime--> (cameras, normalised state, instruction)
-      prompt_tokens(instruction, state)      -> ids, mask              (tokens go into the cache key)
-      image_to_model(unit)                   -> [3, h, w] in [-1, 1]   (cache miss only)
-      fill_prefix(images, masks, ids, mask)  -> PrefixContext          (cache miss only; read-only after)
-      denoise(context, state, noise, steps)  -> normalised actions [B, H, max_action_dim] fp32
-        = euler_loop(chunk_setup(...))       (the fast path: chunk_setup(workspace=) over workspace_spec's
-                                              buffers, the loop captured as one CUDA graph)
+    raw observation --runtime--> (decoded frames by camera, raw and normalised state, instruction)
+      prompt_tokens(instruction, state)        -> ids, mask     (the cache key: frame bytes, tokens, processor)
+      prefix_inputs(frames, ids, mask)         -> the family's prefix inputs         (cache miss only)
+      fill_prefix(*inputs)                     -> PrefixContext (cache miss only; read-only after)
+      denoise(context, state, noise, steps, embodiment=, rtc keywords)  -> model-space actions [B, H, A]
+        = euler_loop(chunk_setup(...))         (the fast path: chunk_setup(workspace=) over workspace_spec's
+                                                buffers, the loop captured as one CUDA graph)
+      postprocess(actions[0], raw state)       -> robot-unit actions [H, action_dim]
 
-- ``PolicyLevelConfig``: what every family config offers (``POLICY_LEVEL_FIELDS``, the byte counts); the
+The interface is declared once, here, and checked when a class is DEFINED (``DeclaredInterface``): every
+member is either abstract (``__abstractmethods__`` of the three bases lists them) or has one default here;
+``PolicyFamily``'s required class attributes are its ``ClassVar`` annotations without a value. A subclass
+that misses one fails at its ``class`` statement, naming what is missing, so the registry's class-level
+calls (``preset``, ``folder_config``) never meet a half-made family. An intermediate base that is abstract
+on purpose says so: ``class Base(PolicyFamily, abstract=True)``.
+
+- ``PolicyLevelFields``: the fields every policy offers, a remote one too (remote_settings.RemoteConfig); the
   parameter table, the tick, the replay, the doctor and the remote backend read these and nothing else.
+- ``PolicyLevelConfig``: a family config, those fields plus what its architecture gives (sizes, bytes).
 - ``PolicyModel``: the nn.Module a config builds (``PolicyFamily.model_class``): the four model calls, the
-  mixed precision the checkpoint reader and the doctor ask for, and the shared start of every chunk.
-- ``PolicyFamily``: one loaded policy (config, model, normalisers, tokenizer, options) and the class-level
-  knowledge of the family: parsing and loading, writing random-weight checkpoints, its tokenizer's source,
-  presets and FLOP counts for the benchmarks.
+  device, the action side's modules, and what every chunk shares (start, RTC guide, denoise).
+- ``PolicyFamily``: one loaded policy (config, model, normalisers, tokenizer, options) with its pre- and
+  post-processing, and the class-level knowledge of the family: parsing and loading, writing random-weight
+  checkpoints, its tokenizer's source, presets and FLOP counts for the benchmarks.
 """
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..cache.context import PrefixContext
+from . import action_space
 from .checkpoint import LoadedCheckpoint, WeightKeys, read_config_json
 from .layers import MixedPrecisionPolicy
 from .normalize import FeatureNormalizer
-from .preprocess import empty_camera_image
-from .rtc import RTCGuide, RTCSettings, prepare_guide
+from .rtc import RTC_MODES, RTCSettings, prepare_guide, stack_guides
 from .tokenizer import TokenizerError
 
 # lerobot names the padding cameras it adds for `empty_cameras` like this.
 EMPTY_CAMERA_PREFIX = 'empty_camera_'
 
-# The fields (or properties) every family config offers, besides the byte counts (kv_entry_bytes,
-# cache_entry_bytes): PolicyLevelConfig documents each.
-POLICY_LEVEL_FIELDS = (
-    'policy_type', 'camera_names', 'all_camera_names', 'empty_cameras', 'image_resolution', 'chunk_size',
-    'n_action_steps', 'state_dim', 'action_dim', 'max_state_dim', 'max_action_dim', 'num_inference_steps',
-    'tokenizer_max_length', 'normalization_mapping', 'rtc_training_max_delay', 'use_relative_actions',
-    'relative_exclude_joints', 'action_feature_names', 'tokens_per_image', 'prefix_len', 'num_prefix_layers',
-    'vocab_size',
-)
+
+# ---- declared once, checked at definition --------------------------------------------------------------------
+
+def abstract_members(cls: type) -> FrozenSet[str]:
+    """The members of ``cls`` still abstract (as ABCMeta computes ``__abstractmethods__``, but usable while the
+    class is being created, inside ``__init_subclass__``)."""
+    found = set()
+    for name in {name for klass in cls.__mro__ for name in vars(klass)}:
+        owner = next(klass for klass in cls.__mro__ if name in vars(klass))
+        if getattr(vars(owner)[name], '__isabstractmethod__', False):
+            found.add(name)
+    return frozenset(found)
 
 
-# ---- the config --------------------------------------------------------------------------------------------
+def required_class_attributes(cls: type) -> FrozenSet[str]:
+    """The class attributes ``cls`` and its bases declare without a value (``name: ClassVar[...]`` and no
+    ``= ...`` in the declaring class): every concrete subclass gives them."""
+    return frozenset(name for klass in cls.__mro__ for name, kind in vars(klass).get('__annotations__', {}).items()
+                     if 'ClassVar' in str(kind) and name not in vars(klass))
+
+
+class DeclaredInterface:
+    """Mixin of the three bases: a concrete subclass that leaves an abstract member or a required class
+    attribute unset is a TypeError when its class statement runs (lerobot's ``PreTrainedPolicy.__init_subclass__``
+    does the same for its class attributes: ``src/lerobot/policies/pretrained.py`` at 7427f318)."""
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if abstract:
+            return
+        missing = sorted(abstract_members(cls)) + sorted(name for name in required_class_attributes(cls)
+                                                         if getattr(cls, name, None) is None)
+        if missing:
+            raise TypeError(f'{cls.__qualname__} does not implement {", ".join(missing)} (declared by '
+                            'policy/family.py; a dataclass field of that name needs a default; a base that is '
+                            'abstract on purpose: class X(Base, abstract=True))')
+
+
+# ---- capabilities ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FamilyCapabilities:
+    """What the runtime and the fast path must know a family does differently: data, never a type test.
+
+    - ``state_in_prompt``: the normalised state is part of the prompt tokens (pi0.5's bins), so a state change
+      is a different prefix and cache key. False: the state stays out of the prefix and its key (it reaches
+      the model through ``chunk_setup``), so a joint-state change with the same frames and prompt is a hit.
+    - ``capturable_denoise``: the denoise is ``chunk_setup(workspace=)`` + ``euler_loop`` over
+      ``workspace_spec``'s buffers, so the fast path may run it in its static workspace and capture the loop.
+      False: it runs eagerly (``denoise`` only).
+    - ``capturable_prefix``: ``fill_prefix`` over inputs of one shape is one fixed computation (no host sync,
+      no shape read from a tensor's values), so the fast path may capture it per input shape.
+    - ``rtc_modes``: the ``RTCSettings.mode`` values the family's ``rtc_guide`` honours (policy/rtc.py
+      RTC_MODES); the runtime refuses another one by name. Empty: no real-time chunking at all.
+    """
+
+    state_in_prompt: bool = False
+    capturable_denoise: bool = True
+    capturable_prefix: bool = True
+    rtc_modes: Tuple[str, ...] = ('guided', 'trained')
+
+    def __post_init__(self) -> None:
+        unknown = [mode for mode in self.rtc_modes if mode not in RTC_MODES]
+        if unknown:
+            raise ValueError(f'rtc_modes {unknown} are not modes of policy/rtc.py ({RTC_MODES})')
+
+
+# ---- the config ----------------------------------------------------------------------------------------------
 
 def _mean_std_mapping() -> Dict[str, str]:
     return {'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'}
 
 
 @dataclass(frozen=True, kw_only=True)
-class PolicyLevelConfig:
-    """Base of every family config dataclass: the policy-level fields, their shared checks, the byte counts.
-
-    The fields every family has, declared once here (a family redeclares one only to give it its own default;
-    every field is keyword-only):
+class PolicyLevelFields:
+    """The fields every policy offers, local or remote, declared once (a subclass redeclares one only to give it
+    its own default; every field is keyword-only):
 
     - ``policy_type``: lerobot's config.json ``type``; ``camera_names``: the checkpoint's cameras in model
       order; ``empty_cameras``: masked placeholder slots after them; ``image_resolution``: (height, width)
@@ -74,13 +140,9 @@ class PolicyLevelConfig:
       ``num_inference_steps``: Euler steps by default.
     - ``state_dim`` / ``action_dim``: the robot's; ``max_state_dim`` / ``max_action_dim``: padded to, at the
       model; ``normalization_mapping``: lerobot's modes per feature type.
-    - ``tokenizer_max_length``: prompt tokens (the prefix pads to it).
+    - ``tokenizer_max_length``: prompt tokens (the prefix pads to it; a family whose prompt varies: its bound).
     - ``rtc_training_max_delay``: > 0 when trained for real-time chunking; ``use_relative_actions``,
       ``relative_exclude_joints``, ``action_feature_names``: lerobot's relative actions.
-
-    and what the family's architecture gives (a field or a property of the subclass): ``vocab_size`` (the
-    embedding's rows), ``tokens_per_image``, ``prefix_len`` (the cached prefix: image slots x tokens + prompt
-    tokens), ``num_prefix_layers`` (layers of the stack the prefix runs through), ``kv_entry_bytes``.
     """
 
     policy_type: str
@@ -124,28 +186,44 @@ class PolicyLevelConfig:
                     f'{self.state_dim} < action_dim {self.action_dim}')
         return None
 
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyLevelConfig(PolicyLevelFields, DeclaredInterface, ABC, abstract=True):
+    """Base of every family config dataclass: the policy-level fields, and what the family's architecture gives.
+
+    A subclass gives each abstract size as a property, or as a field with a default (a field without one
+    cannot override a property here: the class statement says so).
+    """
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Rows of the prompt embedding: a tokenizer with more tokens is refused at load."""
+
+    @property
+    @abstractmethod
+    def tokens_per_image(self) -> int:
+        """Prefix tokens one camera slot gives."""
+
+    @property
+    @abstractmethod
+    def prefix_len(self) -> int:
+        """Tokens of the largest cached prefix (its PREFIX sequence): image slots x tokens + prompt tokens."""
+
+    @property
+    @abstractmethod
+    def num_prefix_layers(self) -> int:
+        """Layers of the stack the prefix runs through (benchmarks, the doctor)."""
+
+    @abstractmethod
     def kv_entry_bytes(self, dtype_bytes: int) -> int:
-        """Analytic bytes of the K/V tensors of one cache entry (the family's ``extra`` tensors included)."""
-        raise NotImplementedError
+        """Analytic bytes of one cache entry's tensors besides its masks (K/V and the family's other tensors,
+        each in the dtype the model stores it in; ``dtype_bytes``: the compute dtype's)."""
 
     def cache_entry_bytes(self, dtype_bytes: int) -> int:
-        """Analytic device bytes of one cache entry, every tensor: K/V (+ extra) and the bool pad mask [1, P]."""
+        """Analytic device bytes of one cache entry, every tensor: ``kv_entry_bytes`` and the bool mask [1, P]
+        (a family with more masks adds theirs)."""
         return self.kv_entry_bytes(dtype_bytes) + self.prefix_len
-
-
-def check_prefix_inputs(config: PolicyLevelConfig, images: torch.Tensor, image_masks: torch.Tensor,
-                        tokens: torch.Tensor, token_masks: torch.Tensor) -> None:
-    """fill_prefix's inputs against the config: images [B, N, 3, H, W], image_masks [B, N], tokens [B, L]."""
-    cameras = len(config.all_camera_names)
-    height, width = config.image_resolution
-    if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
-        raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
-    if tuple(image_masks.shape) != (images.shape[0], cameras):
-        raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
-    # Up to tokenizer_max_length: a prompt bucket (fast_path.fit_to_bucket) drops masked padding only.
-    if tokens.shape != token_masks.shape or not 0 < tokens.shape[1] <= config.tokenizer_max_length:
-        raise ValueError(f'tokens and token_masks must be [B, <= {config.tokenizer_max_length}], '
-                         f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')
 
 
 def check_chunk_inputs(config: PolicyLevelConfig, context: PrefixContext, noise: torch.Tensor,
@@ -160,21 +238,34 @@ def check_chunk_inputs(config: PolicyLevelConfig, context: PrefixContext, noise:
     return steps
 
 
+def check_embodiment(context: PrefixContext, embodiment: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The embodiment ids [B] int64 of a chunk (one per context row), or None; ValueError otherwise."""
+    if embodiment is not None and (tuple(embodiment.shape) != (context.batch_size,)
+                                   or embodiment.dtype != torch.int64):
+        raise ValueError(f'embodiment must be int64 [{context.batch_size}], got {embodiment.dtype} '
+                         f'{list(embodiment.shape)}')
+    return embodiment
+
+
 # ---- the model ---------------------------------------------------------------------------------------------
 
-# What a workspace is made of: per buffer, the entry's prefix tensor [.., P, D] and the full token length.
+# What a workspace is made of: per buffer, one of the entry's tensors [.., P, D] and the full token length.
 WorkspaceSpec = Tuple[Tuple[torch.Tensor, int], ...]
+# A family's prefix inputs: its NamedTuple of tensors (batch first), passed positionally to fill_prefix.
+PrefixInputs = Tuple[torch.Tensor, ...]
 
 
 @dataclass
 class ChunkStart:
-    """What every chunk starts from: the checked step count, the K/V workspace (one buffer per
-    ``workspace_spec`` entry, its prefix part holding the entry's), the RTC guide or None, the noise in fp32."""
+    """What every chunk starts from: the checked step count, the workspace (one buffer per ``workspace_spec``
+    entry, its prefix part holding the entry's), the family's RTC guide or None, the noise in fp32, the
+    embodiment ids [B] or None."""
 
     num_steps: int
     workspace: Tuple[torch.Tensor, ...]
-    guide: Optional[RTCGuide]
+    guide: Optional[Any]
     noise: torch.Tensor
+    embodiment: Optional[torch.Tensor] = None
 
 
 def chunk_workspace(spec: WorkspaceSpec, workspace: Optional[Sequence[torch.Tensor]] = None
@@ -197,82 +288,114 @@ def chunk_workspace(spec: WorkspaceSpec, workspace: Optional[Sequence[torch.Tens
     return tuple(workspace)
 
 
-class PolicyModel(MixedPrecisionPolicy):
+class PolicyModel(MixedPrecisionPolicy, DeclaredInterface, ABC, abstract=True):
     """The nn.Module a family config builds: inference only, module names as lerobot's checkpoint keys.
 
     The runtime and the fast path call the four model calls (``fill_prefix``, ``workspace_spec``,
     ``chunk_setup``, ``euler_loop``; ``denoise`` and ``sample_actions`` are built from them here); the
     checkpoint reader and the doctor call ``param_dtype`` (which parameters stay fp32 under a bf16 compute
-    dtype) and ``set_compute_dtype``; ``device`` and ``compute_dtype`` say where and how it runs.
-    ``config`` is the family config it was built from.
+    dtype) and ``set_compute_dtype`` (layers.MixedPrecisionPolicy); ``device`` and ``compute_dtype`` say where
+    and how it runs; ``action_expert`` is the action side's modules (policy/quant.py keeps them in the compute
+    dtype under int8_weights).
+
+    Time and real-time chunking are the family's: ``rtc_guide`` by default prepares policy/rtc.py's guided and
+    trained modes for flow-matching time running from 1 (noise) to 0 (actions); a family integrating the
+    other way, or continuing a chunk otherwise (inpainting), overrides it and lists its modes in
+    ``FamilyCapabilities.rtc_modes`` (and ``stack_guides`` too, if its guide is not batch-first).
     """
 
-    config: Any
+    config: Any                   # the family config it was built from
+    compute_dtype: torch.dtype    # set by __init__ and set_compute_dtype
 
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        """images [B, N, 3, H, W] in [-1, 1]; image_masks [B, N] bool; tokens, token_masks [B, L] -> the
-        read-only context of the prefix (per-layer K/V, the pad mask, the family's named ``extra``)."""
-        raise NotImplementedError
+    @abstractmethod
+    def fill_prefix(self, *inputs: torch.Tensor) -> PrefixContext:
+        """The family's prefix inputs (``PolicyFamily.prefix_inputs``, positionally, batch first) -> the
+        read-only context every chunk of this observation reads (a K/V prefix, processed features, ...)."""
 
+    @abstractmethod
     def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
-        """The K/V workspaces the loop reads: per buffer the entry's prefix tensor [.., P, D] and the length
-        [.., P + suffix, D] it is extended to (fast_path.py allocates them once per shape)."""
-        raise NotImplementedError
+        """The workspaces the loop reads: per buffer one of the entry's tensors [.., P, D] and the length
+        [.., P + suffix, D] it is extended to (fast_path.py allocates them once per shape); () when the loop
+        only reads the context."""
 
+    @abstractmethod
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None, workspace: Optional[Sequence[torch.Tensor]] = None) -> Any:
+                    rtc: Optional[RTCSettings] = None, embodiment: Optional[torch.Tensor] = None,
+                    workspace: Optional[Sequence[torch.Tensor]] = None) -> Any:
         """Everything fixed for one chunk (eager, may synchronise): ``start_chunk``'s part, then the family's
-        state part in the workspace, the suffix layout and the time terms. ``workspace``: buffers as
+        state part in the workspace, the suffix layout and the time terms. ``embodiment`` [B] int64: each row's
+        embodiment (per-embodiment action weights), None for a family with one set. ``workspace``: buffers as
         ``workspace_spec`` describes them whose prefix parts already hold the entry (nothing is copied then).
         Returns the chunk ``euler_loop`` takes: a dataclass of tensors and plain values (fast_path.py treats it
-        as a graph's static inputs)."""
-        raise NotImplementedError
+        as a graph's static inputs) whose ``guide`` field holds ``start_chunk``'s guide, nothing else in it made
+        from that guide (a batch of robots sets its rows' guides, ``stack_guides``, there: runtime/batch.py)."""
 
+    @abstractmethod
     def euler_loop(self, chunk: Any) -> torch.Tensor:
-        """Every Euler step (and RTC's guidance) from the chunk's tensors only -> normalised actions
+        """Every Euler step (and RTC) from the chunk's tensors only -> actions in the model's space
         [B, H, max_action_dim] fp32. No host synchronisation, no Python branch on a tensor value: it is
         captured as one CUDA graph."""
-        raise NotImplementedError
+
+    @property
+    @abstractmethod
+    def action_expert(self) -> nn.Module:
+        """The action side's modules (the weights every denoise step runs)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are."""
+        return next(itertools.chain(self.parameters(), self.buffers())).device
+
+    def rtc_guide(self, prev_chunk_left_over: Optional[torch.Tensor], noise: torch.Tensor, num_steps: int, *,
+                  inference_delay: int, execution_horizon: Optional[int], rtc: Optional[RTCSettings]) -> Optional[Any]:
+        """What ``euler_loop`` needs to continue the previous chunk's leftover (normalised, [T, A'] or
+        [B, T, A']), or None (no leftover or RTC off: the loop is exactly the plain one); its tensors batch-first,
+        a row per noise row (``stack_guides``). Default: policy/rtc.py, time from 1 to 0 (guided guidance, or the
+        trained mode's clamped prefix)."""
+        return prepare_guide(prev_chunk_left_over, noise, num_steps, inference_delay, execution_horizon, rtc,
+                             self.config.rtc_training_max_delay)
+
+    def stack_guides(self, guides: Sequence[Any]) -> Optional[Any]:
+        """Several robots' guides (``rtc_guide``'s, each for noise of one row) as the guide of their stacked chunk,
+        rows in order, or None when they cannot share one Euler loop (runtime/batch.py then denoises each robot
+        alone). Default: policy/rtc.py's ``stack_guides``: a guide's tensors are batch-first, and guides of one
+        structure and equal plain values are concatenated along that axis."""
+        return stack_guides(guides)
 
     def start_chunk(self, context: PrefixContext, noise: torch.Tensor, num_steps: Optional[int],
                     workspace: Optional[Sequence[torch.Tensor]], *, prev_chunk_left_over: Optional[torch.Tensor],
-                    inference_delay: int, execution_horizon: Optional[int], rtc: Optional[RTCSettings]) -> ChunkStart:
+                    inference_delay: int, execution_horizon: Optional[int], rtc: Optional[RTCSettings],
+                    embodiment: Optional[torch.Tensor] = None) -> ChunkStart:
         """The part of ``chunk_setup`` every family shares: the inputs checked, the workspace (new, with the
         prefix copied in, or the caller's, checked), the RTC guide for the previous chunk's leftover."""
         steps = check_chunk_inputs(self.config, context, noise, num_steps)
         buffers = chunk_workspace(self.workspace_spec(context), workspace)
-        guide = prepare_guide(prev_chunk_left_over, noise, steps, inference_delay, execution_horizon, rtc,
-                              self.config.rtc_training_max_delay)
-        return ChunkStart(steps, buffers, guide, noise.float())
+        guide = self.rtc_guide(prev_chunk_left_over, noise, steps, inference_delay=inference_delay,
+                               execution_horizon=execution_horizon, rtc=rtc)
+        return ChunkStart(steps, buffers, guide, noise.float(), check_embodiment(context, embodiment))
 
     @torch.no_grad()
     def denoise(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
-                num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
-                inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        """Flow-matching Euler integration against a read-only prefix: ``chunk_setup`` then ``euler_loop``.
+                num_steps: Optional[int] = None, **continuation: Any) -> torch.Tensor:
+        """The chunk against a read-only context: ``chunk_setup`` then ``euler_loop``.
 
         state [B, max_state_dim] (normalised, zero-padded; a family that takes the state through the prompt
-        ignores it); noise [B, H, max_action_dim]. With ``rtc`` and a previous chunk's unexecuted actions
-        (normalised, [T, A'] or [B, T, A']), the chunk continues them (policy/rtc.py: guided or trained mode,
-        d = inference_delay, E = execution_horizon); without, the loop is exactly the plain one.
-        Returns normalised actions [B, H, max_action_dim] in fp32. ``context`` is never written.
+        ignores it); noise [B, H, max_action_dim]; ``continuation``: chunk_setup's keywords (the previous
+        chunk's leftover with policy/rtc.py's settings, ``embodiment``). Returns actions in the model's space
+        [B, H, max_action_dim] fp32. ``context`` is never written.
         """
-        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        return self.euler_loop(chunk)
+        return self.euler_loop(self.chunk_setup(context, state, noise, num_steps, **continuation))
 
-    def sample_actions(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                       token_masks: torch.Tensor, state: Optional[torch.Tensor], noise: Optional[torch.Tensor] = None,
+    def sample_actions(self, *inputs_and_state: Optional[torch.Tensor], noise: Optional[torch.Tensor] = None,
                        num_steps: Optional[int] = None, **continuation: Any) -> torch.Tensor:
-        """Reference-shaped call: prefix then denoise (same RTC keywords; noise None: standard normal).
-        Returns normalised actions [B, H, max_action_dim]."""
-        context = self.fill_prefix(images, image_masks, tokens, token_masks)
+        """Reference-shaped call: the prefix inputs (what ``fill_prefix`` takes) then the state, positionally;
+        prefix then denoise (noise None: standard normal). Returns actions in the model's space [B, H, A]."""
+        *inputs, state = inputs_and_state
+        context = self.fill_prefix(*inputs)
         if noise is None:
-            noise = torch.randn(images.shape[0], self.config.chunk_size, self.config.max_action_dim,
+            noise = torch.randn(context.batch_size, self.config.chunk_size, self.config.max_action_dim,
                                 device=self.device)
         return self.denoise(context, state, noise, num_steps, **continuation)
 
@@ -288,36 +411,49 @@ class TokenizerSource:
     access_note: str = ''   # what to do first (a gated repository's licence), or '' for a generic note
 
 
-class PolicyFamily(ABC):
-    """One loaded policy of one family: config, model, normalisers, tokenizer and the model calls.
+# One decoded camera frame per slot, in model order: (name, uint8 [H, W, 3] RGB, or None for a masked slot).
+Frames = Sequence[Tuple[str, Optional[np.ndarray]]]
 
-    Subclasses set ``type_name`` (lerobot's config.json ``type``) and the class attributes below, and
-    implement the class-level ``parse_config`` / ``load_checkpoint`` / ``save_checkpoint`` and the instance
-    calls ``prompt_tokens`` / ``image_to_model``. ``options`` are the family's own switches
-    (``option_defaults`` names them); an option of another family with a non-default value is refused by
-    name (an option no family has is refused as unknown by the registry, ``families.load_policy``).
+
+class PolicyFamily(DeclaredInterface, ABC, abstract=True):
+    """One loaded policy of one family: config, model, normalisers, tokenizer, options, and its pre- and
+    post-processing around the model calls.
+
+    A subclass sets the class attributes declared below without a value and implements every abstract member;
+    the rest has one default here. ``options`` are the family's own switches (``option_defaults`` names them);
+    an option of another family with a non-default value is refused by name (an option no family has is
+    refused as unknown by the registry, ``families.load_policy``).
     """
 
-    type_name: ClassVar[str] = ''
-    # Capability: the normalised state is part of the prompt tokens (pi0.5), so a state change is a
-    # different prefix. False: the state stays out of the prefix and its cache key.
-    state_in_prompt: ClassVar[bool] = False
-    # The family's own load options and their defaults (runtime keyword arguments pass through).
+    # lerobot's config.json ``type`` of the checkpoints this family reads.
+    type_name: ClassVar[str]
+    # The PolicyModel subclass the family's config builds.
+    model_class: ClassVar[type]
+    # Its tokenizer class (``from_path``, ``vocab_size``, ``identity``): loading, random-weight checkpoints,
+    # the doctor and the benchmarks.
+    tokenizer_class: ClassVar[type]
+    # Where the tokenizer comes from, for the error when a folder has none.
+    tokenizer_hint: ClassVar[str]
+    # The named configurations ``preset`` builds (benchmarks); names are unique across the registry. Smallest
+    # first, the real shape last (bench/quant_accuracy.py measures the one or the other).
+    preset_names: ClassVar[Tuple[str, ...]]
+    # What the runtime and the fast path must know the family does differently.
+    capabilities: ClassVar[FamilyCapabilities] = FamilyCapabilities()
+    # The family's own load options and their off values (runtime keyword arguments pass through).
     option_defaults: ClassVar[Mapping[str, Any]] = {}
-    # The PolicyModel class the family's config builds, and its tokenizer class (``from_path``, ``vocab_size``,
-    # ``identity``), for loading, random-weight checkpoints, the doctor and the benchmarks.
-    model_class: ClassVar[Any] = None
-    tokenizer_class: ClassVar[Any] = None
     # How model.safetensors keys map onto the model's (renames, tensors known to be unused, tied stand-ins).
     weight_keys: ClassVar[WeightKeys] = WeightKeys()
-    # Where the tokenizer comes from, for the error when a folder has none.
-    tokenizer_hint: ClassVar[str] = ''
-    # Capability: the denoise is ``chunk_setup(workspace=)`` + ``euler_loop`` over ``workspace_spec``'s buffers,
-    # so the fast path can run it in its static workspace and capture the loop (fast_path.denoise_program).
-    # A family whose denoise is something else overrides ``denoise`` and sets False: it then runs eagerly.
-    capturable_denoise: ClassVar[bool] = True
-    # The named configurations ``preset`` builds (benchmarks); names are unique across the registry.
-    preset_names: ClassVar[Tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(abstract=abstract, **kwargs)
+        if abstract:
+            return
+        if not isinstance(cls.model_class, type) or not issubclass(cls.model_class, PolicyModel):
+            raise TypeError(f'{cls.__qualname__}.model_class must be a PolicyModel subclass, got {cls.model_class!r}')
+        if not isinstance(cls.capabilities, FamilyCapabilities):
+            raise TypeError(f'{cls.__qualname__}.capabilities must be a FamilyCapabilities')
+        if not (isinstance(cls.type_name, str) and cls.type_name and cls.tokenizer_hint and cls.preset_names):
+            raise TypeError(f'{cls.__qualname__} needs a type_name, a tokenizer_hint and preset_names')
 
     def __init__(self, config: Any, model: PolicyModel, state_normalizer: FeatureNormalizer,
                  action_normalizer: FeatureNormalizer, tokenizer: Any, weights_path: Path,
@@ -349,15 +485,9 @@ class PolicyFamily(ABC):
 
     @classmethod
     @abstractmethod
-    def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
-                        dtype: torch.dtype) -> LoadedCheckpoint:
-        """Config (from config.json ``raw``), strict weights and statistics -> checkpoint.LoadedCheckpoint."""
-
-    @classmethod
     def config_fields(cls) -> Mapping[str, Any]:
         """config.json field -> its ConfigField (how it is handled) for this family: the checkpoint doctor lists
         every refusal from it, where parse_config stops at the first."""
-        return {}
 
     @classmethod
     def folder_config(cls, folder: Path, raw: Mapping[str, Any]) -> PolicyLevelConfig:
@@ -366,11 +496,17 @@ class PolicyFamily(ABC):
         return cls.parse_config(raw)
 
     @classmethod
+    @abstractmethod
+    def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
+                        dtype: torch.dtype) -> LoadedCheckpoint:
+        """Config (from config.json ``raw``), strict weights and statistics -> checkpoint.LoadedCheckpoint."""
+
+    @classmethod
+    @abstractmethod
     def tokenizer_source(cls, config: PolicyLevelConfig, hub_name: Optional[str] = None) -> TokenizerSource:
         """The tokenizer file this family reads and the Hub repository it comes from, for ``config``:
         ``hub_name`` (what the checkpoint's pre-processor names, when it does) or the family's default, with the
         note that repository needs (a gated licence)."""
-        raise NotImplementedError
 
     @classmethod
     def load(cls, folder: Path, device: torch.device, dtype: torch.dtype,
@@ -392,15 +528,21 @@ class PolicyFamily(ABC):
 
     # ---- writing random-weight checkpoints (the embedded tiny default, tests, benchmarks) ---------------------
     @classmethod
+    @abstractmethod
     def tiny_config(cls, **overrides: Any) -> PolicyLevelConfig:
         """The family's tiny configuration (a few hundred thousand parameters): tests, the demo, builtin:tiny."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def build_test_tokenizer(cls, folder: Path, vocab_size: int) -> Path:
         """Train a small tokenizer of the family's kind into ``folder`` (deterministic, no download) and return
         its file (what ``tokenizer_class.from_path`` reads)."""
-        raise NotImplementedError
+
+    @classmethod
+    @abstractmethod
+    def preprocessor_steps(cls, config: PolicyLevelConfig) -> List[Dict[str, Any]]:
+        """lerobot's pre-processor steps for ``config``, in its order (policy_preprocessor.json of a written
+        folder; the normaliser's ``state_file`` is filled in by checkpoint.write_folder)."""
 
     @classmethod
     @abstractmethod
@@ -411,44 +553,57 @@ class PolicyFamily(ABC):
 
     # ---- benchmarks -----------------------------------------------------------------------------------------
     @classmethod
+    @abstractmethod
     def preset(cls, name: str, depth: Optional[int] = None) -> PolicyLevelConfig:
         """The configuration ``name`` of ``preset_names``; ``depth``: layers per tower for a preset cut in
         depth (the others ignore it)."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def stage_flops(cls, config: PolicyLevelConfig, num_steps: int) -> Dict[str, int]:
         """{'prefix': FLOPs of a miss's prefix, 'denoise': FLOPs of one chunk's denoise}, from the config alone:
         every matrix product the implementation runs, 2 FLOPs per multiply-add (bench/flops.py)."""
-        raise NotImplementedError
 
     # ---- device ------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """The model's device (where prefix inputs, noise and state rows go)."""
         return self.model.device
 
     @property
     def compute_dtype(self) -> torch.dtype:
+        """The model's compute dtype (part of the cache key; the bytes of a cache entry)."""
         return self.model.compute_dtype
 
-    # ---- the model calls -----------------------------------------------------------------------
+    # ---- pre-processing: the prompt (the cache key) and the prefix inputs (a miss) -------------------------
     @abstractmethod
     def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """(ids int64 [L], mask bool [L]) as lerobot's pre-processor makes them."""
+        """(ids int64 [L], mask bool [L]) as lerobot's pre-processor makes them, L <= tokenizer_max_length,
+        right-padded if padded at all (the runtime fits them to a prompt bucket by dropping masked padding):
+        with the frames' bytes and ``processor_identity`` they are the cache key, so they say everything the
+        prompt depends on (a prompt whose image tokens follow the frames' size: the size is in the frames'
+        key already)."""
 
     @abstractmethod
-    def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
-        """A decoded frame [3, H, W] in [0, 1] on the device -> [3, h, w] in [-1, 1] at the model resolution."""
+    def prefix_inputs(self, frames: Frames, tokens: np.ndarray, token_mask: np.ndarray) -> PrefixInputs:
+        """Decoded frames in camera-slot order (uint8 [H, W, 3], None for a masked slot) and the prompt ->
+        what ``fill_prefix`` takes, on the device, batch of one: every step of the family's processor between
+        the raw frames and the model (resize, crop, scale, patches, the prompt around the image tokens)."""
 
-    def empty_image(self) -> torch.Tensor:
-        """What a masked camera slot gets: all -1 at the model resolution (lerobot's empty cameras)."""
-        return empty_camera_image(self.config.image_resolution, self.device)
+    def processor_identity(self) -> str:
+        """The settings ``prefix_inputs`` depends on that the weights, the tokenizer and the tokens do not fix
+        (an image processor's sizes read from beside the tokenizer), for the cache key; '' when none."""
+        return ''
 
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        """images [B, N, 3, h, w]; image_masks [B, N]; tokens, token_masks [B, L] -> read-only context.
-        By default the model's own ``fill_prefix``."""
-        return self.model.fill_prefix(images, image_masks, tokens, token_masks)
+    def embodiment_id(self) -> Optional[int]:
+        """The embodiment the action side runs as (it selects per-embodiment action weights), from the family's
+        config or options; None for a family with one set of action weights."""
+        return None
+
+    # ---- the model calls -----------------------------------------------------------------------
+    def fill_prefix(self, *inputs: torch.Tensor) -> PrefixContext:
+        """``prefix_inputs``' tensors -> the read-only context (the model's ``fill_prefix``)."""
+        return self.model.fill_prefix(*inputs)
 
     def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
         """The model's ``workspace_spec`` (the fast path sizes its static workspace from it)."""
@@ -456,24 +611,43 @@ class PolicyFamily(ABC):
 
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
                     num_steps: Optional[int] = None, **continuation: Any) -> Any:
-        """The model's ``chunk_setup`` (RTC keywords and ``workspace=`` as there)."""
+        """The model's ``chunk_setup`` (RTC keywords, ``embodiment=`` and ``workspace=`` as there)."""
         return self.model.chunk_setup(context, state, noise, num_steps, **continuation)
 
     def euler_loop(self, chunk: Any) -> torch.Tensor:
         """The model's ``euler_loop``: what the fast path captures as one CUDA graph."""
         return self.model.euler_loop(chunk)
 
-    def denoise(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor, num_steps: int, *,
-                prev_chunk_left_over: Optional[torch.Tensor] = None, inference_delay: int = 0,
-                execution_horizon: Optional[int] = None, rtc: Optional[RTCSettings] = None) -> torch.Tensor:
-        """state [B, max_state_dim] (normalised, zero-padded); noise [B, H, max_action_dim]
-        -> normalised actions [B, H, max_action_dim] fp32. ``context`` is never written.
+    def denoise(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor, num_steps: int,
+                **continuation: Any) -> torch.Tensor:
+        """state [B, max_state_dim] (normalised, zero-padded); noise [B, H, max_action_dim]; ``continuation``:
+        chunk_setup's keywords -> actions in the model's space [B, H, max_action_dim] fp32. ``context`` is never
+        written. ``chunk_setup`` (everything fixed for the chunk) then ``euler_loop`` (the per-step loop)."""
+        return self.euler_loop(self.chunk_setup(context, state, noise, num_steps, **continuation))
 
-        ``chunk_setup`` (everything fixed for the chunk: K/V workspace, the state part, time terms, RTC guide)
-        then ``euler_loop`` (the per-step loop alone)."""
-        chunk = self.chunk_setup(context, state, noise, num_steps, prev_chunk_left_over=prev_chunk_left_over,
-                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        return self.euler_loop(chunk)
+    def normalize_state(self, raw_state: np.ndarray) -> np.ndarray:
+        """The robot's raw state [state_dim] -> the model's [state_dim] (what ``prompt_tokens`` and the denoise's
+        state row get). Default: the checkpoint's state statistics (lerobot's NormalizerProcessorStep)."""
+        return self.state_normalizer.normalize(raw_state)
+
+    # ---- post-processing: the model's action space <-> the robot's units ------------------------------------
+    @cached_property
+    def relative_mask(self) -> Optional[np.ndarray]:
+        """None: absolute actions; else [action_dim] bool, the dims that get the raw state added back."""
+        return action_space.relative_mask(self.config)
+
+    def postprocess(self, actions: np.ndarray, raw_state: np.ndarray) -> np.ndarray:
+        """The denoise's actions of one robot [H, max_action_dim] (the model's space) and the raw state
+        [state_dim] of the observation they come from -> robot-unit actions [H, action_dim]. Default: lerobot's
+        post-processor (cut to action_dim, unnormalise, then on relative-action checkpoints the raw state added
+        back: policy/action_space.py)."""
+        return action_space.to_robot_units(actions[:, :self.config.action_dim], raw_state, self.action_normalizer,
+                                           self.relative_mask)
+
+    def to_model_space(self, actions: np.ndarray, raw_state: np.ndarray) -> np.ndarray:
+        """``postprocess``'s inverse for a real-time-chunking leftover: absolute robot-unit actions
+        [T, action_dim] -> the model's space [T, action_dim], against this observation's raw state."""
+        return action_space.to_model_space(actions, raw_state, self.action_normalizer, self.relative_mask)
 
     def describe(self) -> Dict[str, Any]:
         """What /diagnostics and the replay summary show about the policy."""
@@ -481,4 +655,4 @@ class PolicyFamily(ABC):
         element = torch.tensor([], dtype=self.compute_dtype).element_size()
         return {'policy_type': cfg.policy_type, 'cameras': list(cfg.all_camera_names),
                 'prefix_len': cfg.prefix_len, 'cache_entry_bytes': cfg.cache_entry_bytes(element),
-                'state_in_prompt': self.state_in_prompt, **{k: v for k, v in self.options.items()}}
+                'state_in_prompt': self.capabilities.state_in_prompt, **{k: v for k, v in self.options.items()}}

@@ -140,7 +140,8 @@ class GemmaStack(nn.Module):
         """Gemma scales token embeddings by sqrt(width), the scale rounded to the table's dtype
         (as transformers >= 5.4 and current lerobot do; exact in fp32)."""
         embedded = self.embed_tokens(tokens)        # the table's dtype (an int8 table's: its rows dequantized)
-        return embedded * torch.tensor(math.sqrt(self.size.width), dtype=embedded.dtype, device=embedded.device)
+        scale = torch.full((), math.sqrt(self.size.width), dtype=embedded.dtype, device=embedded.device)  # capturable
+        return embedded * scale
 
     def final_norm(self, x: torch.Tensor, cond: Optional[torch.Tensor]) -> torch.Tensor:
         return self.norm(x, cond)[0] if cond is not None else self.norm(x)

@@ -316,7 +316,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean "may attend" [B, 1, S, T] -> additive float mask."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zero, torch.tensor(ATTENTION_MASK_VALUE, dtype=dtype, device=allowed.device))
+    # a fill, not torch.tensor(python float): that is a host-to-device copy, illegal inside a CUDA graph capture
+    return torch.where(allowed, zero, torch.full((), ATTENTION_MASK_VALUE, dtype=dtype, device=allowed.device))
 
 
 def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
@@ -380,7 +381,7 @@ def keep_fp32(name: str, compute_dtype: torch.dtype, markers: Sequence[str]) -> 
 
 class MixedPrecisionPolicy(nn.Module):
     """A policy model that computes in ``compute_dtype`` but keeps the parameters its ``param_dtype`` names
-    in fp32 (subclasses set ``fp32_markers``); its device is that of its ``action_in_proj``."""
+    in fp32 (subclasses set ``fp32_markers``)."""
 
     fp32_markers: Tuple[str, ...] = ()
 
@@ -392,7 +393,3 @@ class MixedPrecisionPolicy(nn.Module):
         for name, param in self.named_parameters():
             param.data = param.data.to(self.param_dtype(name, dtype))
         return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.action_in_proj.weight.device

@@ -5,10 +5,14 @@ Follows lerobot's pi0 preprocessing: aspect-preserving bilinear resize
 x * 2 - 1, so the padding ends up at -1. A missing camera is an all -1 image
 with its mask off. SmolVLA's variant (lerobot policies/common/vla_utils.py
 ``resize_with_pad``) pads on the left and top instead and does not clamp.
+
+``ImagePromptInputs`` is the prefix input of the families that see every camera at one resolution beside a
+padded prompt (pi0, pi0.5, SmolVLA): ``image_prompt_inputs`` builds it from decoded frames with the family's
+own per-frame transform, ``check_prefix_inputs`` checks it against a config.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -67,3 +71,44 @@ def to_model_range(unit: torch.Tensor) -> torch.Tensor:
 def empty_camera_image(size: Tuple[int, int], device: torch.device) -> torch.Tensor:
     """The image a masked camera slot gets: all -1 (black in model range)."""
     return torch.full((3, size[0], size[1]), -1.0, device=device)
+
+
+class ImagePromptInputs(NamedTuple):
+    """images [B, N, 3, H, W] in [-1, 1]; image_masks [B, N] bool; tokens [B, L] int64; token_masks [B, L] bool."""
+
+    images: torch.Tensor
+    image_masks: torch.Tensor
+    tokens: torch.Tensor
+    token_masks: torch.Tensor
+
+
+def image_prompt_inputs(frames: Sequence[Tuple[str, Optional[np.ndarray]]], tokens: np.ndarray, token_mask: np.ndarray,
+                        to_model: Callable[[torch.Tensor], torch.Tensor], size: Tuple[int, int],
+                        device: torch.device) -> ImagePromptInputs:
+    """Decoded frames in slot order (uint8 [H, W, 3], None: masked) -> each through ``to_model`` ([3, H, W] in
+    [0, 1] -> [3, h, w] in [-1, 1]) or the empty image at ``size``; the prompt as [1, L] tensors."""
+    images, masks = [], []
+    for _, pixels in frames:
+        if pixels is None:
+            images.append(empty_camera_image(size, device))
+            masks.append(False)
+        else:
+            images.append(to_model(image_to_unit_tensor(pixels, device)))
+            masks.append(True)
+    return ImagePromptInputs(torch.stack(images)[None], torch.tensor([masks], device=device),
+                             torch.from_numpy(tokens)[None].to(device), torch.from_numpy(token_mask)[None].to(device))
+
+
+def check_prefix_inputs(config: Any, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                        token_masks: torch.Tensor) -> None:
+    """ImagePromptInputs against the config: images [B, N, 3, H, W], image_masks [B, N], tokens [B, L]."""
+    cameras = len(config.all_camera_names)
+    height, width = config.image_resolution
+    if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
+        raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
+    if tuple(image_masks.shape) != (images.shape[0], cameras):
+        raise ValueError(f'image_masks must be [B, {cameras}], got {tuple(image_masks.shape)}')
+    # Up to tokenizer_max_length: a prompt bucket (fast_path.fit_to_bucket) drops masked padding only.
+    if tokens.shape != token_masks.shape or not 0 < tokens.shape[1] <= config.tokenizer_max_length:
+        raise ValueError(f'tokens and token_masks must be [B, <= {config.tokenizer_max_length}], '
+                         f'got {tuple(tokens.shape)} and {tuple(token_masks.shape)}')

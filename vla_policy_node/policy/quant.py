@@ -50,7 +50,7 @@ _TINY = 1e-12       # floor of a scale: an all-zero row or token quantizes to ze
 # bench switches these to measure them, the node never does).
 INT8_GROUP = 64
 INT8_SCALE_DTYPE = torch.bfloat16
-KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` module (the families name it)
+KEEP_ACTION_EXPERT = True     # the model's ``action_expert`` (policy/family.py PolicyModel declares it)
 KEEP_SHARED_KV = True         # k/v projections narrower than their q (grouped-query attention)
 KEEP_ATTENTION_OUTPUT = True  # the attention output projections (o_proj) of the Gemma / Llama blocks
 
@@ -126,11 +126,17 @@ def int8_weights(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return int8_rows(weight, INT8_GROUP, INT8_SCALE_DTYPE)
 
 
-def int8_dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """int8 [..., K] and scales [..., G] (int8_rows) -> fp32 [..., K]."""
+def int8_dequantize(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """int8 [..., K] and scales [..., G] (int8_rows) -> ``dtype`` [..., K], straight into ``dtype``: one tensor
+    of that dtype, scaled in place, and no fp32 copy on the way (inside a captured prefix each such scratch
+    stays in the graph's pool: pi0's fused gate/up alone is 268 MB in fp32).
+
+    The same numbers as dequantizing in fp32 and rounding once: an int8 value is exact in bf16, and the product
+    of two bf16 numbers (int8_weights' bf16 scales) is exact in fp32, so the bf16 multiply rounds it once."""
     groups = scale.shape[-1]
     shape = qweight.shape
-    return (qweight.reshape(*shape[:-1], groups, shape[-1] // groups) * scale[..., None].float()).reshape(shape)
+    weight = qweight.reshape(*shape[:-1], groups, shape[-1] // groups).to(dtype)
+    return weight.mul_(scale[..., None].to(dtype)).reshape(shape)
 
 
 def fp8_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -185,8 +191,8 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
                      mode: str, kernel: str) -> torch.Tensor:
     """x [..., in] -> [..., out] in x's dtype, through the kernel ``check_device`` chose."""
     if mode == 'int8_weights':
-        # fp32 dequantization, rounded once to the compute dtype: the GEMM is the unquantized one's
-        weight = int8_dequantize(qweight, scale).to(x.dtype)
+        # dequantized straight into the compute dtype, a layer at a time: the GEMM is the unquantized one's
+        weight = int8_dequantize(qweight, scale, x.dtype)
         return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
     flat = x.reshape(-1, x.shape[-1])
     out = _fp8_matmul(flat, qweight.view(torch.float8_e4m3fn), scale, reference=kernel == 'fp8_reference')
@@ -207,7 +213,7 @@ class QuantizedEmbedding(nn.Module):
         self.register_buffer('scale', scale)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return int8_dequantize(self.qweight[tokens], self.scale[tokens]).to(self.dtype)
+        return int8_dequantize(self.qweight[tokens], self.scale[tokens], self.dtype)
 
 
 def input_dtype(linear: nn.Module) -> torch.dtype:
@@ -257,9 +263,8 @@ def kept_in_compute_dtype(model: nn.Module, mode: str) -> FrozenSet[str]:
     if mode != 'int8_weights':
         return frozenset()
     names = set()
-    expert = getattr(model, 'action_expert', None)
-    if KEEP_ACTION_EXPERT and isinstance(expert, nn.Module):
-        inside = {id(module) for module in expert.modules()}
+    if KEEP_ACTION_EXPERT:
+        inside = {id(module) for module in model.action_expert.modules()}   # policy/family.py PolicyModel
         names.update(name for name, module in model.named_modules() if id(module) in inside)
     for name, module in model.named_modules():
         parent_name, _, child = name.rpartition('.')

@@ -24,9 +24,10 @@ time 0 (clean), so the time condition becomes per token.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -152,6 +153,56 @@ def prepare_guide(prev_chunk_left_over: Optional[torch.Tensor], noise: torch.Ten
     gains = [guidance_weight(t, rtc.max_guidance_weight) for t in times]
     return RTCGuide(target=target, clamp=None, scales=[1.0 - g * t * weights for g, t in zip(gains, times)],
                     pulls=[g * weights for g in gains])
+
+
+def stack_guides(guides: Sequence[Any]) -> Optional[Any]:
+    """Several chunks' guides, each made for one row (noise [1, H, A]), as one guide over those rows in order, or
+    None when they cannot share one Euler loop. A guide is a dataclass, list, tuple or dict of batch-first
+    tensors (one row each), None and plain values, as RTCGuide is: guides of one structure, equal plain values
+    and equal tensor sizes stack along the first axis, so each row is steered exactly by its own guide (its own
+    target, prefix weights, gains and clamp). None among them, or a tensor without a first axis of one row,
+    does not stack."""
+    if not guides or any(guide is None for guide in guides):
+        return None
+    try:
+        return _stack_rows(list(guides))
+    except _Unstackable:
+        return None
+
+
+class _Unstackable(Exception):
+    pass
+
+
+def _stack_rows(items: List[Any]) -> Any:
+    first = items[0]
+    if isinstance(first, torch.Tensor):
+        if any(not isinstance(item, torch.Tensor) or item.dim() == 0 or item.shape[0] != 1
+               or item.shape != first.shape or item.dtype != first.dtype or item.device != first.device
+               for item in items):
+            raise _Unstackable
+        return torch.cat(items)
+    if any(type(item) is not type(first) for item in items):
+        raise _Unstackable
+    if dataclasses.is_dataclass(first):
+        fields = dataclasses.fields(first)
+        if not all(f.init for f in fields):
+            raise _Unstackable
+        return type(first)(**{f.name: _stack_rows([getattr(item, f.name) for item in items]) for f in fields})
+    if isinstance(first, (list, tuple)):
+        if any(len(item) != len(first) for item in items):
+            raise _Unstackable
+        parts = [_stack_rows(list(column)) for column in zip(*items)]
+        return type(first)(*parts) if hasattr(first, '_fields') else type(first)(parts)
+    if isinstance(first, dict):
+        if any(item.keys() != first.keys() for item in items):
+            raise _Unstackable
+        return {key: _stack_rows([item[key] for item in items]) for key in first}
+    if first is None or isinstance(first, (bool, int, float, str)):
+        if any(item != first for item in items):
+            raise _Unstackable
+        return first
+    raise _Unstackable
 
 
 def step_times(num_steps: int) -> List[float]:

@@ -1,14 +1,16 @@
 """vla_policy_serve: our PolicyRuntime (with its prefix cache) behind the openpi WebSocket wire.
 
     vla_policy_serve --checkpoint DIR [--port 8000] [--host 127.0.0.1] [--api-key-file F] [--max-message-mib N]
+                     [--max-queue N] [--max-batch N --batch-window-ms MS]
 
 The wire is openpi's server's (src/openpi/serving/websocket_policy_server.py, openpi 15a9616): every path
 accepts the WebSocket, ``GET /healthz`` answers ``OK``, the first frame is the metadata (msgpack), then one
 observation in, one ``{"actions": ...}`` out, and an error is a text frame. Unlike openpi's: the API key
 is checked when one is configured (HTTP 401 otherwise), a bad request leaves the connection open, frames
 are bounded, inference runs on one worker thread (the event loop keeps serving the other connections)
-and requests wait in a bounded queue, refused with a clear message when it is full. Batching across
-robots is sglang's and vLLM-Omni's job; this server serves one request at a time, through one cache.
+and requests wait in a bounded queue, refused with a clear message when it is full. With ``--max-batch`` > 1
+the requests of several robots that arrive within ``--batch-window-ms`` run as one batch (remote/batching.py
+collects them, runtime/batch.py runs them: each robot's chunk is its own); by default one at a time, as before.
 
 Requests: frames per camera name under ``images`` (HWC or CHW uint8; float in [0, 1] is scaled as openpi
 does, a float frame with NaN/inf or values outside [0, 1] is refused as bad_image), or openpi's DROID /
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import hmac
 import http
 import logging
@@ -40,13 +41,14 @@ from websockets.exceptions import ConnectionClosed
 from ..observation import Observation, ObservationError
 from ..observation_checks import rgb_from_float
 from ..policy.rtc import RTCSettings
+from ..runtime.batch import infer_batch
 from ..wire import codec
 from ..wire.profiles import LAYOUTS
+from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_WINDOW_MS, BatchingQueue, QueueFull
 from .logs import websockets_logger
 
 LOG = logging.getLogger('vla_policy_serve')
 EXTENSIONS = ('seed', 'noise', 'num_steps', 'prev_actions')
-DEFAULT_MAX_QUEUE = 8
 # The openpi key layouts a request may use besides ``images`` (droid_policy.py DroidInputs, libero_policy.py
 # LiberoInputs).
 OPENPI_LAYOUTS = ('droid', 'libero')
@@ -136,19 +138,42 @@ def parse_request(message: Any, camera_keys: Mapping[str, str]) -> Tuple[Observa
 
 
 class PolicyServer:
-    """One runtime, many connections; requests go through one worker thread, a bounded queue in front."""
+    """One runtime, many connections; requests go through one worker thread, a bounded batching queue in front
+    (``max_batch`` 1: one request at a time). ``answer`` is the wire's request -> reply, which the fleet's
+    replicas (vla_policy_node/fleet) serve too."""
 
     def __init__(self, runtime: Any, api_key: str = '', max_message_bytes: int = 64 << 20,
-                 max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, max_batch: int = DEFAULT_MAX_BATCH,
+                 batch_window_ms: float = DEFAULT_WINDOW_MS) -> None:
         self.runtime = runtime
         self._api_key = api_key
         self.max_message_bytes = max_message_bytes
         self.max_queue = max_queue
-        self._pending = 0
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='vla_serve_infer')
+        self.connections = 0          # open WebSocket connections: one request in flight each, at most
+        self.queue = BatchingQueue(lambda items: infer_batch(runtime, items), max_batch=max_batch,
+                                   window_sec=batch_window_ms / 1e3, max_queue=max_queue,
+                                   clients=lambda: self.connections or None)   # None: answer() called directly
         self.served = 0
-        self.refused_busy = 0
+        self.cache_hits = 0
         self.camera_keys = openpi_camera_keys(runtime.config.camera_names)
+        self.reply_fields: Dict[str, Any] = {}     # added to every actions reply (a fleet replica's name)
+
+    @property
+    def refused_busy(self) -> int:
+        return self.queue.stats.refused_busy
+
+    def statistics(self) -> Dict[str, float]:
+        """Requests, batches and the prefix cache so far (the fleet exports them as metrics)."""
+        queue = self.queue.stats
+        figures: Dict[str, float] = {
+            'served': self.served, 'cache_hits': self.cache_hits, 'refused_busy': queue.refused_busy,
+            'pending': queue.pending, 'batches': queue.batches, 'mean_batch': queue.mean_batch,
+            'largest_batch': queue.largest_batch}
+        cache = getattr(self.runtime, 'cache', None)
+        if cache is not None:
+            stats = cache.stats()
+            figures.update(cache_entries=stats.entries, cache_bytes=stats.bytes, cache_max_bytes=stats.max_bytes)
+        return figures
 
     def metadata(self) -> Dict[str, Any]:
         cfg = self.runtime.config
@@ -158,7 +183,9 @@ class PolicyServer:
                            'action_dim': int(cfg.action_dim), 'state_dim': int(cfg.state_dim),
                            'max_action_dim': int(cfg.max_action_dim),
                            'rtc_training_max_delay': int(cfg.rtc_training_max_delay),
-                           'model_revision': self.runtime.model_revision}}
+                           'model_revision': self.runtime.model_revision},
+                'batching': {'max_batch': self.queue.max_batch, 'window_ms': self.queue.window_sec * 1e3,
+                             'max_queue': self.max_queue}}
 
     def process_request(self, connection: ServerConnection, request: Any) -> Any:
         """``/healthz`` (no key needed, as load balancers probe it), then the API key when configured."""
@@ -172,11 +199,14 @@ class PolicyServer:
 
     async def handler(self, websocket: ServerConnection) -> None:
         await websocket.send(codec.packb(self.metadata()))
+        self.connections += 1
         try:
             async for frame in websocket:
                 await websocket.send(await self.answer(frame))
         except ConnectionClosed:
             pass
+        finally:
+            self.connections -= 1
 
     async def answer(self, frame: Union[str, bytes]) -> Union[str, bytes]:
         """The reply to one frame: the actions, or a text frame saying what is wrong."""
@@ -188,24 +218,24 @@ class PolicyServer:
             return f'error: bad request: {exc}'
         except ObservationError as exc:          # a frame refused while it is read (rgb_from_float)
             return f'error: [{exc.reason}] {exc}'
-        if self._pending >= self.max_queue:
-            self.refused_busy += 1
-            return f'error: busy: {self._pending} requests already queued (max_queue {self.max_queue}); try again'
-        self._pending += 1
         start = time.perf_counter()
         try:
-            chunk = await asyncio.get_running_loop().run_in_executor(
-                self._worker, lambda: self.runtime.infer(observation, **options))
-        except ObservationError as exc:
-            return f'error: [{exc.reason}] {exc}'
-        except Exception:   # a bug must not take the server down; the client gets the traceback, as openpi's does
-            LOG.exception('inference failed')
-            return traceback.format_exc()
-        finally:
-            self._pending -= 1
+            chunk = await self.queue.submit((observation, options))
+        except QueueFull as exc:
+            return f'error: busy: {exc}; try again'
+        except Exception as exc:   # the whole batch failed
+            chunk = exc
+        if isinstance(chunk, ObservationError):
+            return f'error: [{chunk.reason}] {chunk}'
+        if isinstance(chunk, Exception):
+            # A bug must not take the server down; the client gets the traceback, as openpi's does.
+            LOG.error('inference failed', exc_info=chunk)
+            return ''.join(traceback.format_exception(type(chunk), chunk, chunk.__traceback__))
         self.served += 1
+        self.cache_hits += int(bool(chunk.cache_hit))
         return codec.packb({'actions': np.asarray(chunk.actions), 'cache_hit': bool(chunk.cache_hit),
-                            'server_timing': {'infer_ms': (time.perf_counter() - start) * 1e3}})
+                            'server_timing': {'infer_ms': (time.perf_counter() - start) * 1e3},
+                            **self.reply_fields})
 
     async def run(self, host: str, port: int, ready: Optional[Any] = None,
                   stop: Optional[asyncio.Event] = None) -> None:
@@ -217,7 +247,7 @@ class PolicyServer:
             if ready is not None:
                 ready(bound)
             await stop.wait()
-        self._worker.shutdown(wait=True)
+        self.queue.close()
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -228,7 +258,13 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument('--host', default='127.0.0.1', help='0.0.0.0 to serve other machines (put TLS in front)')
     parser.add_argument('--api-key-file', type=Path, help='file holding the API key clients must send')
     parser.add_argument('--max-message-mib', type=float, default=64.0, help='largest request frame')
-    parser.add_argument('--max-queue', type=int, default=DEFAULT_MAX_QUEUE, help='requests waiting at most')
+    parser.add_argument('--max-queue', type=int, default=DEFAULT_MAX_QUEUE,
+                        help='requests waiting or running at most; one more is refused as busy')
+    parser.add_argument('--max-batch', type=int, default=DEFAULT_MAX_BATCH,
+                        help='robots\' requests run as one batch at most (1: one at a time)')
+    parser.add_argument('--batch-window-ms', type=float, default=DEFAULT_WINDOW_MS,
+                        help='how long the first request of a batch waits for others (0: only those already '
+                             'waiting join it)')
     parser.add_argument('--device', default='auto')
     parser.add_argument('--dtype', default='auto')
     parser.add_argument('--tokenizer', default=None, help='tokenizer.model / tokenizer.json path')
@@ -254,6 +290,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not 0 < args.max_message_mib <= 1024 or args.max_queue < 1:
         print('vla_policy_serve: error: --max-message-mib must be in (0, 1024] and --max-queue >= 1', file=sys.stderr)
         return 2
+    if not 1 <= args.max_batch <= args.max_queue or not 0 <= args.batch_window_ms <= 1000:
+        print('vla_policy_serve: error: --max-batch must be in [1, --max-queue] and --batch-window-ms in [0, 1000]',
+              file=sys.stderr)
+        return 2
     path = checkpoint_folder(args.checkpoint)
     try:
         runtime = PolicyRuntime.from_pretrained(path, device=args.device, dtype=args.dtype,
@@ -262,7 +302,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'vla_policy_serve: error: {exc}', file=sys.stderr)
         return 2
     runtime.warmup()
-    server = PolicyServer(runtime, api_key, int(args.max_message_mib * 2**20), args.max_queue)
+    server = PolicyServer(runtime, api_key, int(args.max_message_mib * 2**20), args.max_queue, args.max_batch,
+                          args.batch_window_ms)
 
     async def serve_until_signal() -> None:
         stop = asyncio.Event()
@@ -272,7 +313,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         def ready(port: int) -> None:
             print(f'vla_policy_serve: {runtime.config.policy_type} on ws://{args.host}:{port} '
-                  f'(API key {"checked" if api_key else "not required"}; /healthz)', flush=True)
+                  f'(API key {"checked" if api_key else "not required"}; /healthz; '
+                  f'batches of up to {args.max_batch}, window {args.batch_window_ms:g} ms)', flush=True)
 
         await server.run(args.host, args.port, ready, stop)
 

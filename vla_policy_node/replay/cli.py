@@ -11,7 +11,7 @@ from ..params import ParameterError
 from ..policy.checkpoint import CheckpointError
 from ..policy.config_fields import ConfigError
 from ..policy.tokenizer import TokenizerError
-from .bag_io import BagError
+from ..bags.bag_io import BagError
 from .dataset_replay import parse_episodes, replay_dataset
 from .offline import DEFAULT_COMMAND_TOPIC, ReplayError, replay
 

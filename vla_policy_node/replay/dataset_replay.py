@@ -21,7 +21,7 @@ import numpy as np
 
 from ..observation import NS_PER_SEC, InputBuffer
 from ..settings import configure
-from .bag_io import BagWriter, get_kilted_typestore
+from ..bags.bag_io import BagWriter, get_kilted_typestore
 from .offline import OfflineReplay, ReplayError, replay_values
 from .report import ReplayResult, TickRecord
 

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image as PilImage
 
-from vla_policy_node.replay.bag_io import BagWriter, PathLike, get_kilted_typestore
+from vla_policy_node.bags.bag_io import BagWriter, PathLike, get_kilted_typestore
 
 # A recording in the root namespace: the names the node's relative defaults resolve to there.
 INSTRUCTION_TOPIC = '/instruction'

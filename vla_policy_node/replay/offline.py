@@ -28,13 +28,12 @@ from ..params import load_params_file, resolve_values, validate
 from ..safety import PlanKind, Review
 from ..settings import Configured, configure
 from ..tick import TickEngine, TickOutcome
-from .bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
-from .bag_time import Due, on_bag_time, replayed_topics
+from ..bags.bag_io import BagError, BagWriter, bag_topics, read_messages, require_topics, storage_of
+from ..bags.bag_time import DEFAULT_COMMAND_TOPIC, Due, on_bag_time, replayed_topics
 from .report import ReplayResult, TickRecord, write_report
 from .rosbags_msgs import output_message
 
 NS_PER_SEC = 1_000_000_000
-DEFAULT_COMMAND_TOPIC = '/joint_command'
 
 
 class ReplayError(RuntimeError):
@@ -156,7 +155,7 @@ class OfflineReplay:
                               recorded_positions=np.asarray(recorded[1]).reshape(-1, len(names)),
                               command_times_ns=np.asarray(command[0], dtype=np.int64),
                               command_positions=np.asarray(command[1]).reshape(-1, len(names)), summary={},
-                              command_spans=spans)
+                              command_spans=spans, outputs=self.outputs)
         result.summary = write_report(result, self.engine.stats, self.runtime, bag=source, values=self.values,
                                       command_topic=command_topic, latency_ms=self.latency_ns / 1e6,
                                       supervisor=self.engine.supervisor, source=described)

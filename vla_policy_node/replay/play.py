@@ -23,7 +23,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
 from vla_policy_node.ros.startup import init_rclpy
-from vla_policy_node.replay.bag_io import BagError, BagMessage, PathLike, bag_topics, read_messages
+from vla_policy_node.bags.bag_io import BagError, BagMessage, PathLike, bag_topics, read_messages
 
 CLOCK_TOPIC = '/clock'
 # Between messages, /clock is refreshed this often so sim-time timers advance.

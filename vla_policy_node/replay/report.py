@@ -9,7 +9,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..handover import HandoverMetrics
+from ..observation import SkipReason
 from ..runtime import PolicyRuntime
+from ..runtime.chunk import STAGES, stages_total_ms
 from ..safety import SafetySupervisor
 from ..tick import HANDOVER_FIGURES, TickStats
 
@@ -46,6 +48,8 @@ class ReplayResult:
     summary: Dict[str, Any]
     # (first, last) ns of each stretch the command covers (several episodes of a dataset); None: one stretch
     command_spans: Optional[List[Tuple[int, int]]] = None
+    # The controllers the action vector is split over (outputs.Output); chunks.png marks which joint goes where
+    outputs: Sequence[Any] = ()
 
 
 def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]:
@@ -83,6 +87,23 @@ def command_error(result: ReplayResult) -> Optional[Dict[str, Dict[str, float]]]
             for j, name in enumerate(result.joint_names)}
 
 
+def computed(records: Sequence[TickRecord]) -> List[TickRecord]:
+    """The ticks that ran an inference (a chunk, hit or miss)."""
+    return [r for r in records if r.cache_hit is not None]
+
+
+def latency_summary(records: Sequence[TickRecord]) -> Dict[str, Dict[str, float]]:
+    """p50, p95 and max in ms of every stage and of the total (ActionChunk.total_ms: the stages, not a remote
+    server's own figure) over every tick that ran an inference: summary.json's ``latency_ms``, the replay's
+    printed line and latency.png's lines are this one computation."""
+    ticks = computed(records)
+    series = {stage: [r.timings_ms.get(stage, 0.0) for r in ticks] for stage in STAGES}
+    series['total'] = [stages_total_ms(r.timings_ms) for r in ticks]
+    return {name: {'p50': float(np.percentile(values, 50)), 'p95': float(np.percentile(values, 95)),
+                   'max': float(np.max(values))}
+            for name, values in series.items() if values}
+
+
 def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
     """Hand-over jump and overlap disagreement over the whole run (joint units): p50, p95, max. A tick that
     repeats the executing chunk's observation publishes nothing, so it is no hand-over (counted apart)."""
@@ -99,10 +120,12 @@ def handover_summary(records: List[TickRecord]) -> Dict[str, Any]:
 
 
 def camera_clock_summary(stats: TickStats, values: Mapping[str, Any]) -> Dict[str, Any]:
-    """The camera_clock parameter, the clock the observations were timed in (counts) and why (the latest)."""
+    """The camera_clock parameter, the clock the observations were timed in (counts) and why (the latest), and
+    per input the stamp clock jumps and the messages set aside as outliers (stamp_clock.py)."""
     latest = stats.camera_clock
     return {'setting': values.get('camera_clock', 'auto'), 'observations': dict(sorted(stats.camera_clocks.items())),
-            'used': latest.name if latest else None, 'reason': latest.reason if latest else None}
+            'used': latest.name if latest else None, 'reason': latest.reason if latest else None,
+            'jumps': dict(sorted(stats.clock_jumps.items())), 'outliers': dict(sorted(stats.clock_outliers.items()))}
 
 
 def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> Dict[str, Any]:
@@ -152,7 +175,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
                   'evictions': cache.evictions if cache else 0,
                   'entry_bytes': runtime.describe().get('cache_entry_bytes'),
                   'rejected_oversize': cache.rejected_oversize if cache else 0},
-        'latency_ms': stats.latency_summary(),
+        'latency_ms': latency_summary(result.records),
         'latency_clock': stats.snapshot().timings_clock,   # 'cuda_events' (GPU-true) or 'host'
         'fast_path': runtime.fast_path_summary() if hasattr(runtime, 'fast_path_summary') else {},
         'simulated_latency_ms': latency_ms,
@@ -201,6 +224,7 @@ def chunks_figure(result: ReplayResult):
     parts = executed_parts(result)
     fig, axes = plt.subplots(joints, 1, figsize=(10, 1.8 * joints + 1.6), sharex=True, squeeze=False)
     for j, (axis, name) in enumerate(zip(axes[:, 0], result.joint_names)):
+        _mark_output(axis, name, result.outputs)
         if result.recorded_times_ns.size:
             axis.plot((result.recorded_times_ns - start) / NS_PER_SEC, result.recorded_positions[:, j],
                       color='black', linewidth=1.2, label='recorded joint state')
@@ -222,7 +246,8 @@ def chunks_figure(result: ReplayResult):
                       label='hand-over (a new chunk starts)')
         for k, (begin, end) in enumerate(_held_spans(result, start)):
             axis.axvspan(begin, end, color='tab:red', alpha=0.15, label='held (safety)' if k == 0 else None)
-        axis.set_ylabel(f'{name}\n[rad]')
+        if not axis.get_ylabel():
+            axis.set_ylabel(f'{name}\n[rad]')
     axes[-1, 0].set_xlabel('bag time [s]')
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.suptitle('published action chunks vs recorded joints')
@@ -233,33 +258,69 @@ def chunks_figure(result: ReplayResult):
     return fig
 
 
+# Several outputs: each one's joints framed in its colour, its name on their axes, what it receives above its first.
+OUTPUT_COLOURS = ('tab:cyan', 'tab:olive', 'tab:pink', 'tab:brown')
+OUTPUT_RECEIVES = {'joint_trajectory': 'JointTrajectory, every point of each chunk',
+                   'float64_multi_array': 'Float64MultiArray, the position due next at each tick'}
+
+
+def _mark_output(axis, joint: str, outputs: Sequence[Any]) -> None:
+    """Which controller ``joint`` goes to, where the action vector is split over several (``outputs``)."""
+    named = [output for output in outputs if output.name]
+    for index, output in enumerate(named):
+        if joint not in output.joints:
+            continue
+        colour = OUTPUT_COLOURS[index % len(OUTPUT_COLOURS)]
+        for spine in axis.spines.values():
+            spine.set_edgecolor(colour)
+            spine.set_linewidth(2.0)
+        axis.set_ylabel(f'{output.name}: {joint}\n[rad]', color=colour)
+        if joint == output.joints[0]:
+            receives = OUTPUT_RECEIVES.get(output.kind, output.kind)
+            axis.set_title(f'output {output.name} ({len(output.joints)} joint{"s" if len(output.joints) > 1 else ""})'
+                           f' -> {output.topic}: {receives}', loc='left', fontsize='small', color=colour)
+
+
 def _ordinal(number: int) -> str:
     suffix = 'th' if 10 <= number % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th')
     return f'{number}{suffix}'
 
 
 def latency_figure(result: ReplayResult):
-    """Compute time per tick (hits and misses marked, skipped ticks at 0) with its p50 and p95 as lines."""
+    """Compute time per tick (hits and misses marked) with its p50 and p95 as lines (latency_summary, as in
+    summary.json); ticks without an inference at 0: a repeated observation (the executing chunk goes on) or
+    the wait for /clock apart from the skips for a fault."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     start = _start_ns(result)
     fig, axis = plt.subplots(figsize=(10, 3.8))
-    computed = [r for r in result.records if r.cache_hit is not None]
+    ticks = computed(result.records)
     for hit, color, label in ((False, 'tab:red', 'cache miss'), (True, 'tab:green', 'cache hit')):
-        chosen = [r for r in computed if r.cache_hit is hit]
+        chosen = [r for r in ticks if r.cache_hit is hit]
         axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in chosen],
-                     [sum(r.timings_ms.values()) for r in chosen], s=14, color=color, label=f'{label} ({len(chosen)})')
-    skipped = [r for r in result.records if r.skipped]
-    if skipped:
-        axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in skipped], [0.0] * len(skipped), marker='x',
-                     color='grey', label=f'skipped tick ({len(skipped)})')
-    totals = np.array([sum(r.timings_ms.values()) for r in computed])
-    if totals.size:
-        for quantile, style in ((50, '-'), (95, '--')):
-            value = float(np.percentile(totals, quantile))
-            axis.axhline(value, color='tab:blue', linestyle=style, linewidth=1.0, label=f'p{quantile} {value:.1f} ms')
+                     [stages_total_ms(r.timings_ms) for r in chosen], s=14, color=color,
+                     label=f'{label} ({len(chosen)})')
+    no_inference = {
+        SkipReason.REPEATED_OBSERVATION.value: ('|', 'tab:purple', 'repeated observation: the chunk goes on'),
+        SkipReason.WAITING_FOR_CLOCK.value: ('|', 'grey', 'waiting for /clock')}
+    faults = [r for r in result.records if r.skipped and r.skipped not in no_inference]
+    for reason, (marker, color, label) in no_inference.items():
+        chosen = [r for r in result.records if r.skipped == reason]
+        if chosen:
+            axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in chosen], [0.0] * len(chosen), marker=marker,
+                         s=120, linewidths=1.5, color=color, label=f'{label} ({len(chosen)}, no inference)',
+                         clip_on=False)
+    if faults:
+        reasons = ', '.join(sorted({r.skipped for r in faults}))
+        axis.scatter([(r.time_ns - start) / NS_PER_SEC for r in faults], [0.0] * len(faults), marker='x',
+                     color='black', label=f'skipped for a fault: {reasons} ({len(faults)})', clip_on=False)
+    total = latency_summary(result.records).get('total')
+    if total:
+        for quantile, style in (('p50', '-'), ('p95', '--')):
+            axis.axhline(total[quantile], color='tab:blue', linestyle=style, linewidth=1.0,
+                         label=f'{quantile} {total[quantile]:.1f} ms')
     axis.set_ylim(bottom=0)
     axis.set_xlabel('bag time [s]')
     axis.set_ylabel('latency per tick [ms]')

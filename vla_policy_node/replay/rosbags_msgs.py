@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..trajectory import TrajectoryPlan
-from .bag_io import get_kilted_typestore
+from ..bags.bag_io import get_kilted_typestore
 
 NS_PER_SEC = 1_000_000_000
 

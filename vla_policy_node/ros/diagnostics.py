@@ -106,6 +106,10 @@ def _level_and_message(report: PolicyReport) -> Tuple[bytes, str]:
     if report.new_skips:
         return DiagnosticStatus.WARN, (f'{report.lifecycle}; {report.new_skips} tick(s) skipped, '
                                        f'last: {report.stats.last_skip}')
+    failed = int(report.info.get('graph_capture_failures', 0)) + int(report.info.get('prefix_capture_failures', 0))
+    if failed:       # cuda_graphs auto: those shapes run eagerly (runtime/report.py figures say why)
+        return DiagnosticStatus.WARN, (f'{report.lifecycle}; {failed} CUDA graph capture(s) failed, those shapes '
+                                       'run eagerly (see eager_fallback_reasons)')
     return DiagnosticStatus.OK, report.lifecycle
 
 
@@ -128,6 +132,12 @@ def diagnostics_msg(stamp_ns: int, report: PolicyReport) -> DiagnosticArray:
         pairs.append(('last_skip', f'[{stats.last_skip.reason}] {stats.last_skip}'))
     if stats.camera_clock is not None:
         pairs += [('camera_clock', stats.camera_clock.name), ('camera_clock_reason', stats.camera_clock.reason)]
+    if stats.joint_state_clock is not None:
+        pairs += [('joint_state_clock', stats.joint_state_clock.name),
+                  ('joint_state_clock_reason', stats.joint_state_clock.reason)]
+    pairs += [('clock_jumps', sum(stats.clock_jumps.values())), ('clock_outliers', sum(stats.clock_outliers.values()))]
+    pairs += [(f'clock_jumps_{name}', count) for name, count in sorted(stats.clock_jumps.items())]
+    pairs += [(f'clock_outliers_{name}', count) for name, count in sorted(stats.clock_outliers.items())]
     if stats.timings_clock:
         pairs.append(('latency_clock', stats.timings_clock))
     for stage, summary in stats.latency.items():

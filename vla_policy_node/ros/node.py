@@ -167,16 +167,15 @@ class VlaPolicyNode(LifecycleNode):
         if engine is None or self.configured is None:
             return
         outcome = engine.run(self.buffer, self._settings(), self._now_ns(), clock=self._now_ns)
-        skip = outcome.skip          # a repeated observation is no fault: the executing chunk goes on, unlogged
-        if skip is not None and skip.reason.fault and self._reporter.should_report(f'{skip.reason}:{skip.topic}'):
-            self.get_logger().warning(f'tick skipped {skip.describe()}')
+        for line in outcome.warnings(self._reporter):      # skips and clock jumps, throttled per kind and topic
+            self.get_logger().warning(line)
         self._emit(outcome.review)
 
     def _on_clock_jump(self, back_sec: float) -> None:
         """ROS time jumped back (use_sim_time): hold while active, drop the inputs of the old timeline."""
         if self._engine is not None and self._worker is not None:
             self._emit(self._engine.clock_jumped(self.buffer, self._settings(), self._now_ns(), back_sec))
-        self.buffer.drop_timed()
+        self.buffer.drop_timed(back_sec)
 
     def _on_tick_error(self, exc: BaseException) -> None:
         if self._reporter.should_report(SkipReason.INTERNAL_ERROR.value):

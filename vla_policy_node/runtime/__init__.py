@@ -3,8 +3,8 @@
 One job per module:
 - ``policy_runtime.py``: ``PolicyRuntime`` (the inference pipeline, the prefix cache, the fast path's use);
 - ``chunk.py``: ``ActionChunk``, the timed stages and their clocks; ``stage_timer.py``: the timing;
-- ``denoise_inputs.py``: steps, noise, state row, RTC leftover, checked; ``action_space.py``: robot units
-  <-> the model's action space (lerobot's post-processor and its inverse);
+- ``denoise_inputs.py``: steps, noise, state row, RTC leftover, embodiment, checked (the model's action space
+  and the robot's units are the family's: ``PolicyFamily.postprocess`` / ``to_model_space``);
 - ``warmup.py``: the warm-up; ``report.py``: ``describe`` / ``summary`` / fast-path figures / prefix bytes;
 - ``devices.py``: the device, dtype and CPU-thread settings.
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -10,6 +10,12 @@ STAGES = ('hash', 'preprocess', 'prefix', 'denoise')
 # ActionChunk.timings_clock: how the stage timings were measured.
 HOST_CLOCK = 'host'                  # time.perf_counter around each stage (CPU)
 CUDA_EVENTS_CLOCK = 'cuda_events'    # CUDA events on the stream at the stage boundaries (GPU-true)
+
+
+def stages_total_ms(timings_ms: Mapping[str, float]) -> float:
+    """A chunk's latency: its STAGES added up. Other figures beside them are not stages: a remote chunk's
+    ``server_ms`` is the server's own time, already inside the round trip its ``denoise`` stage measures."""
+    return sum(timings_ms.get(stage, 0.0) for stage in STAGES)
 
 
 @dataclass
@@ -28,4 +34,4 @@ class ActionChunk:
 
     @property
     def total_ms(self) -> float:
-        return sum(self.timings_ms.get(stage, 0.0) for stage in STAGES)
+        return stages_total_ms(self.timings_ms)

@@ -1,15 +1,15 @@
-"""What a chunk's denoise takes besides the prefix: the step count, the noise, the state row and the
-real-time-chunking leftover. Each is checked (ObservationError naming it) before the cache is looked at."""
+"""What a chunk's denoise takes besides the prefix: the step count, the noise, the state row, the
+real-time-chunking leftover and the embodiment. Each is checked (ObservationError naming it) before the cache is
+looked at."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..observation import ObservationError
 from ..policy.rtc import RTCSettings
-from .action_space import to_model_space
 
 
 def checked_steps(steps: int) -> int:
@@ -40,13 +40,13 @@ def state_row(normalized_state: np.ndarray, max_state_dim: int, device: torch.de
 
 
 def leftover_tensor(prev_chunk_left_over: Optional[np.ndarray], prev_actions: Optional[np.ndarray],
-                    raw_state: np.ndarray, config: Any, normalizer: Any, relative_mask: Optional[np.ndarray],
+                    raw_state: np.ndarray, config: Any, to_model_space: Callable[[np.ndarray, np.ndarray], np.ndarray],
                     device: torch.device) -> Optional[torch.Tensor]:
     """The previous chunk's unexecuted actions in the model's space [T, A], or None.
 
     prev_chunk_left_over is already normalised ([T, <= max_action_dim]); prev_actions are robot
     units ([T, action_dim]), absolute, brought to the model's space against this observation's raw
-    state (action_space.to_model_space).
+    state by the family (``to_model_space``: PolicyFamily.to_model_space).
     """
     if prev_chunk_left_over is not None and prev_actions is not None:
         raise ObservationError('prev_actions', 'give prev_chunk_left_over or prev_actions, not both')
@@ -61,14 +61,18 @@ def leftover_tensor(prev_chunk_left_over: Optional[np.ndarray], prev_actions: Op
     if not np.all(np.isfinite(array)):
         raise ObservationError(name, 'non-finite value(s)')
     if name == 'prev_actions':
-        array = to_model_space(array, raw_state, normalizer, relative_mask)
+        array = to_model_space(array, raw_state)
     return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(device)
 
 
-def check_rtc(rtc: Optional[RTCSettings], inference_delay: int, training_max_delay: int) -> None:
-    """The delay is >= 0; trained RTC needs a checkpoint trained for it, up to its ``rtc_training_max_delay``."""
+def check_rtc(rtc: Optional[RTCSettings], inference_delay: int, training_max_delay: int, capabilities: Any) -> None:
+    """The delay is >= 0; the mode is one the family honours (``capabilities.rtc_modes``); trained RTC needs a
+    checkpoint trained for it, up to its ``rtc_training_max_delay``."""
     if inference_delay < 0:
         raise ObservationError('inference_delay', f'must be >= 0, got {inference_delay}')
+    if rtc is not None and rtc.mode not in capabilities.rtc_modes:
+        raise ObservationError('rtc', f'mode "{rtc.mode}" is not one this policy family continues a chunk with '
+                               f'(its modes: {", ".join(capabilities.rtc_modes) or "none"})')
     if rtc is None or rtc.mode != 'trained':
         return
     if training_max_delay <= 0:
@@ -76,3 +80,9 @@ def check_rtc(rtc: Optional[RTCSettings], inference_delay: int, training_max_del
     if inference_delay > training_max_delay:
         raise ObservationError('inference_delay', f'{inference_delay} exceeds the checkpoint '
                                f'rtc_training_max_delay {training_max_delay}')
+
+
+def embodiment_tensor(embodiment_id: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
+    """The family's embodiment as the denoise takes it ([1] int64, one robot), or None for a family with one
+    set of action weights."""
+    return None if embodiment_id is None else torch.tensor([int(embodiment_id)], dtype=torch.int64, device=device)

@@ -3,14 +3,14 @@
 No rclpy here: the same runtime serves the ROS node, the replay tool, the benchmarks and tests.
 ``infer`` is one pipeline, a method per step:
 
-    prepare      content checks (observation_checks.py) -> normalise the state -> prompt tokens (bucketed)
-                 + the denoise inputs: steps, noise, RTC leftover (denoise_inputs.py)
-    key          xxh3-128 over the raw camera bytes and the tokens (cache/key.py)
-    hit / miss   cache.get(key) --hit--> the stored prefix
-                                --miss-> decode + resize + scale -> fill_prefix -> cache.put
+    prepare      content checks (observation_checks.py) -> normalise the state -> the family's prompt tokens
+                 (bucketed) + the denoise inputs: steps, noise, RTC leftover, embodiment (denoise_inputs.py)
+    key          xxh3-128 over the raw camera bytes, the tokens and the processor settings (cache/key.py)
+    hit / miss   cache.get(key) --hit--> the stored context
+                                --miss-> decode -> the family's prefix_inputs -> fill_prefix -> cache.put
     denoise      the family's denoise, or the fast path's static workspace / CUDA graph (fast_path.py)
-    postprocess  unnormalise -> (relative-action checkpoints) + the raw state of the same observation
-                 (action_space.py)
+    postprocess  the family's postprocess: by default unnormalise -> (relative-action checkpoints) + the raw
+                 state of the same observation (policy/action_space.py)
 
 The model side is a policy family (policy/family.py, loaded by policy/families.load_policy from
 config.json's ``type``): the runtime never asks which family it runs, and the family keeps its own
@@ -31,19 +31,18 @@ import torch
 from ..cache import PrefixCache, PrefixContext, PrefixKeyBuilder
 from ..cache.key import weights_digest
 from ..fast_path import (DEFAULT_MAX_GRAPH_BYTES, DEFAULT_MAX_GRAPHS, EntryToken, FastPathError, Generations,
-                         PrefixGraphs, StaticDenoiser, check_buckets, denoise_program, fit_to_bucket,
-                         resolve_cuda_graphs)
+                         PrefixGraphs, StaticDenoiser, build_fast_path, check_buckets, denoise_program,
+                         fit_to_bucket, resolve_cuda_graphs)
 from ..images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_frame
 from ..observation import MAX_INSTRUCTION_CHARS, Observation, ObservationError, SkipReason
 from ..observation_checks import CameraInput, camera_slots, checked_instruction, checked_state
 from ..policy.families import load_policy
-from ..policy.family import PolicyFamily
-from ..policy.preprocess import image_to_unit_tensor
+from ..policy.family import Frames, PolicyFamily, PrefixInputs
 from ..policy.quant import check_device, quantize_model
 from ..policy.rtc import RTCSettings
-from . import action_space, report
+from . import report
 from .chunk import ActionChunk
-from .denoise_inputs import checked_steps, check_rtc, leftover_tensor, noise_tensor, state_row
+from .denoise_inputs import checked_steps, check_rtc, embodiment_tensor, leftover_tensor, noise_tensor, state_row
 from .devices import resolve_device, resolve_dtype
 from .stage_timer import StageTimer
 from .warmup import warm_up
@@ -82,6 +81,22 @@ class _Request:
     rtc: Optional[RTCSettings]
 
 
+def infer_request(cache_enabled: bool, noise: Optional[np.ndarray] = None, seed: Optional[int] = None,
+                  num_steps: Optional[int] = None, use_cache: Optional[bool] = None,
+                  max_instruction_length: int = MAX_INSTRUCTION_CHARS, *, max_image_pixels: int = DEFAULT_MAX_PIXELS,
+                  prev_chunk_left_over: Optional[np.ndarray] = None, prev_actions: Optional[np.ndarray] = None,
+                  inference_delay: int = 0, execution_horizon: Optional[int] = None,
+                  rtc: Optional[RTCSettings] = None) -> _Request:
+    """``PolicyRuntime.infer``'s keyword arguments as one request, the runtime's defaults applied (``use_cache``
+    None: ``cache_enabled``); runtime/batch.py builds each robot's request of a batch with it too."""
+    return _Request(noise=noise, seed=seed, num_steps=num_steps,
+                    use_cache=cache_enabled if use_cache is None else use_cache,
+                    max_instruction_length=min(int(max_instruction_length), MAX_INSTRUCTION_CHARS),
+                    max_image_pixels=int(max_image_pixels), prev_chunk_left_over=prev_chunk_left_over,
+                    prev_actions=prev_actions, inference_delay=int(inference_delay),
+                    execution_horizon=execution_horizon, rtc=rtc)
+
+
 class PolicyRuntime:
     """A loaded policy with its prefix cache. ``infer`` is safe to call from one thread at a time."""
 
@@ -100,21 +115,23 @@ class PolicyRuntime:
         the graphs replay; implied by graphs); ``prompt_buckets`` pads the prompt to the smallest bucket that
         holds it (default: one bucket at tokenizer_max_length); ``compile_denoise`` wraps the loop in
         torch.compile (off by default: Jetson wheels have no Triton); ``max_graphs`` / ``max_graph_bytes``
-        bound the graph cache. ``quantization`` none | int8_weights | fp8 quantizes the model's weights in place
-        (policy/quant.py; QuantizationError where the device cannot run the mode)."""
+        bound the graphs (count; bytes of their pools, static inputs and the workspaces). ``warmup()``
+        captures them; a shape it did not capture runs eagerly. ``quantization`` none | int8_weights | fp8
+        quantizes the model's weights in place (policy/quant.py; QuantizationError where the device cannot run
+        the mode)."""
         self.policy, self.model, self.config = policy, policy.model, policy.config
         self.device, self.dtype = policy.device, policy.compute_dtype
         self.quantization = quantization
         self.quantization_kernel = quantize_model(self.model, quantization, self.device)
         self.tokenizer = policy.tokenizer
         self.state_normalizer, self.action_normalizer = policy.state_normalizer, policy.action_normalizer
-        self.relative_mask = action_space.relative_mask(self.config)
         self.model_revision = model_revision
         self.cache = PrefixCache(cache_max_bytes, cache_max_entries)
         self.cache_enabled = cache_enabled
         self.num_steps = int(num_steps or self.config.num_inference_steps)
         self._keys = PrefixKeyBuilder(model_revision, self.tokenizer.identity, report.dtype_name(self.dtype),
-                                      quantization=quantization)
+                                      quantization=quantization, processor=policy.processor_identity())
+        self._embodiment = embodiment_tensor(policy.embodiment_id(), self.device)
         self._lock = threading.Lock()
         self._warned_oversize = False
         graphs = resolve_cuda_graphs(cuda_graphs, self.device)
@@ -128,11 +145,10 @@ class PolicyRuntime:
             raise FastPathError(f'cuda_graphs is "on", but the {self.config.policy_type} family offers no '
                                 'capturable denoise (chunk_setup with a workspace + euler_loop)')
         if program is not None and (graphs or static_workspace or compile_denoise):
-            # strict (a capture failure raises) only during warmup(), under cuda_graphs: on
-            self._fast = StaticDenoiser(program, family_name=self.config.policy_type, graphs=graphs,
-                                        max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
-                                        compile_loop=compile_denoise)
-            self._prefix_graphs = PrefixGraphs(policy, graphs=graphs, max_graph_bytes=max_graph_bytes)
+            self._fast, self._prefix_graphs = build_fast_path(
+                program, policy, family_name=self.config.policy_type, graphs=graphs, device=self.device,
+                max_graphs=max_graphs, max_graph_bytes=max_graph_bytes, compile_loop=compile_denoise,
+                prefix_graphs=policy.capabilities.capturable_prefix)
 
     @classmethod
     def from_pretrained(cls, path: Union[str, Path], device: str = 'auto', dtype: str = 'auto',
@@ -170,14 +186,12 @@ class PolicyRuntime:
         the cache lookup; a corrupt compressed image is only found while
         decoding on a miss, and then nothing is stored.
         """
+        request = infer_request(self.cache_enabled, noise, seed, num_steps, use_cache, max_instruction_length,
+                                max_image_pixels=max_image_pixels, prev_chunk_left_over=prev_chunk_left_over,
+                                prev_actions=prev_actions, inference_delay=inference_delay,
+                                execution_horizon=execution_horizon, rtc=rtc)
         with self._lock:
-            return self._run(observation, _Request(
-                noise=noise, seed=seed, num_steps=num_steps,
-                use_cache=self.cache_enabled if use_cache is None else use_cache,
-                max_instruction_length=min(int(max_instruction_length), MAX_INSTRUCTION_CHARS),
-                max_image_pixels=int(max_image_pixels), prev_chunk_left_over=prev_chunk_left_over,
-                prev_actions=prev_actions, inference_delay=int(inference_delay),
-                execution_horizon=execution_horizon, rtc=rtc))
+            return self._run(observation, request)
 
     def _run(self, observation: Observation, request: _Request) -> ActionChunk:
         """prepare -> key -> hit / miss -> denoise -> postprocess, timed per stage."""
@@ -195,17 +209,15 @@ class PolicyRuntime:
         timer.start('denoise')
         actions = self._denoise(context, entry, prepared, steps, noise, leftover, request)
         timer.stop()
-        return ActionChunk(actions=self._postprocess(actions, prepared.raw_state), cache_hit=hit,
-                           timings_ms=timer.ms, timings_clock=timer.clock, key=key, num_steps=steps,
-                           camera_slots=tuple(name for name, _ in prepared.slots), normalized=actions,
-                           continued=request.rtc is not None and leftover is not None and len(leftover) > 0)
+        return finished_chunk(self.policy, prepared, request, actions, leftover, hit=hit, key=key, steps=steps,
+                              timings=timer.ms, clock=timer.clock)
 
     def _prepare(self, observation: Observation, max_instruction_length: int = MAX_INSTRUCTION_CHARS,
                  max_image_pixels: int = DEFAULT_MAX_PIXELS) -> _Prepared:
         """Check the content, normalise the state and tokenise (the prompt fitted to its bucket)."""
         slots = camera_slots(observation.images, self.config.all_camera_names, max_image_pixels)
         raw_state = checked_state(observation.state, self.config.state_dim)
-        normalized = self.state_normalizer.normalize(raw_state)
+        normalized = self.policy.normalize_state(raw_state)
         instruction = checked_instruction(observation.instruction, max_instruction_length)
         tokens, token_mask = self.policy.prompt_tokens(instruction, normalized)
         tokens, token_mask = fit_to_bucket(tokens, token_mask, self.prompt_buckets)
@@ -218,8 +230,8 @@ class PolicyRuntime:
         steps = checked_steps(int(request.num_steps or self.num_steps))
         noise = noise_tensor(request.noise, request.seed, (1, cfg.chunk_size, cfg.max_action_dim), self.device)
         leftover = leftover_tensor(request.prev_chunk_left_over, request.prev_actions, prepared.raw_state, cfg,
-                                   self.action_normalizer, self.relative_mask, self.device)
-        check_rtc(request.rtc, request.inference_delay, cfg.rtc_training_max_delay)
+                                   self.policy.to_model_space, self.device)
+        check_rtc(request.rtc, request.inference_delay, cfg.rtc_training_max_delay, self.policy.capabilities)
         return steps, noise, leftover
 
     def _lookup(self, prepared: _Prepared, use_cache: bool) -> Tuple[Optional[str], Optional[PrefixContext]]:
@@ -236,35 +248,22 @@ class PolicyRuntime:
 
     def _miss(self, prepared: _Prepared, key: Optional[str], use_cache: bool,
               timer: StageTimer) -> Tuple[PrefixContext, EntryToken]:
-        """Decode and scale the frames, fill the prefix, store it (``use_cache``)."""
+        """Decode the frames, the family's prefix inputs from them and the prompt, fill the prefix, store it
+        (``use_cache``)."""
         timer.start('preprocess')
-        images, image_masks = self._preprocess(prepared.slots)
-        tokens = torch.from_numpy(prepared.tokens)[None].to(self.device)
-        token_mask = torch.from_numpy(prepared.token_mask)[None].to(self.device)
+        inputs = self.policy.prefix_inputs(decoded_frames(prepared.slots), prepared.tokens, prepared.token_mask)
         timer.start('prefix')
-        fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.policy.fill_prefix
-        context = fill(images, image_masks, tokens, token_mask)
+        context = self._fill(inputs)
         timer.stop()
         entry = self._generations.new(key)
         if use_cache:
             self._store(key, context)
         return context, entry
 
-    def _preprocess(self, slots: Sequence[Tuple[str, CameraInput]]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Decode, resize-with-pad and scale every slot -> images [1, N, 3, H, W], masks [1, N]."""
-        images, masks = [], []
-        for name, frame in slots:
-            if frame is None:
-                images.append(self.policy.empty_image())
-                masks.append(False)
-                continue
-            try:
-                pixels = frame if isinstance(frame, np.ndarray) else decode_frame(frame)
-            except ImageDecodeError as exc:
-                raise ObservationError(f'images.{name}', str(exc), SkipReason.BAD_IMAGE) from exc
-            images.append(self.policy.image_to_model(image_to_unit_tensor(pixels, self.device)))
-            masks.append(True)
-        return torch.stack(images)[None], torch.tensor([masks], device=self.device)
+    def _fill(self, inputs: PrefixInputs) -> PrefixContext:
+        """The family's fill_prefix over its prefix inputs, through the captured prefix graph when there is one."""
+        fill = self._prefix_graphs.fill_prefix if self._prefix_graphs is not None else self.policy.fill_prefix
+        return fill(*inputs)
 
     def _store(self, key: str, context: PrefixContext) -> None:
         if len(self._generations) > 2 * self.cache.stats().max_entries + 8:
@@ -278,24 +277,20 @@ class PolicyRuntime:
 
     def _denoise(self, context: PrefixContext, entry: EntryToken, prepared: _Prepared, steps: int,
                  noise: torch.Tensor, leftover: Optional[torch.Tensor], request: _Request) -> np.ndarray:
-        """The normalised actions [H, action_dim] from the prefix, the state row and the noise."""
+        """The model-space actions [H, max_action_dim] from the context, the state row and the noise."""
         state = state_row(prepared.normalized_state, self.config.max_state_dim, self.device)
         guidance = dict(prev_chunk_left_over=leftover, inference_delay=request.inference_delay,
-                        execution_horizon=request.execution_horizon, rtc=request.rtc)
+                        execution_horizon=request.execution_horizon, rtc=request.rtc, embodiment=self._embodiment)
         if self._fast is not None:
             normalized = self._fast.denoise(context, entry, state, noise, steps, **guidance)
         else:
             normalized = self.policy.denoise(context, state, noise, steps, **guidance)   # [1, H, max_action_dim]
-        return normalized[0, :, :self.config.action_dim].float().cpu().numpy()
-
-    def _postprocess(self, normalized_actions: np.ndarray, raw_state: np.ndarray) -> np.ndarray:
-        """Robot units, anchored to this observation's raw state (action_space.to_robot_units)."""
-        return action_space.to_robot_units(normalized_actions, raw_state, self.action_normalizer,
-                                           self.relative_mask)
+        return normalized[0].float().cpu().numpy()
 
     # ---- warm-up and self-description, in warmup.py / report.py (warmup, describe, summary: backends.py) ----
     def warmup(self) -> ActionChunk:
-        """One blank inference outside the cache, capturing the graphs (warmup.py)."""
+        """Blank inferences outside the cache; with graphs, one per prompt bucket and chunking mode, capturing
+        every graph (warmup.py)."""
         return warm_up(self)
 
     def describe(self) -> Dict[str, object]:
@@ -322,3 +317,28 @@ class PolicyRuntime:
         self.policy = None  # type: ignore[assignment]
         if self.device.type == 'cuda':
             torch.cuda.empty_cache()
+
+
+def finished_chunk(policy: PolicyFamily, prepared: _Prepared, request: _Request, actions: np.ndarray,
+                   leftover: Optional[torch.Tensor], *, hit: bool, key: Optional[str], steps: int,
+                   timings: Dict[str, float], clock: str) -> ActionChunk:
+    """One robot's chunk from its model-space actions [H, max_action_dim]: the family's postprocess against the
+    raw state of the observation they come from (runtime/batch.py makes each row's chunk with it too)."""
+    return ActionChunk(actions=policy.postprocess(actions, prepared.raw_state), cache_hit=hit,
+                       timings_ms=dict(timings), timings_clock=clock, key=key, num_steps=steps,
+                       camera_slots=tuple(name for name, _ in prepared.slots),
+                       normalized=np.ascontiguousarray(actions[:, :policy.config.action_dim]),
+                       continued=request.rtc is not None and leftover is not None and len(leftover) > 0)
+
+
+def decoded_frames(slots: Sequence[Tuple[str, CameraInput]]) -> Frames:
+    """Every camera slot decoded (uint8 [H, W, 3]; None stays None: a masked slot); a corrupt frame is an
+    ObservationError naming its camera (nothing is stored then)."""
+    frames = []
+    for name, frame in slots:
+        try:
+            pixels = frame if frame is None or isinstance(frame, np.ndarray) else decode_frame(frame)
+        except ImageDecodeError as exc:
+            raise ObservationError(f'images.{name}', str(exc), SkipReason.BAD_IMAGE) from exc
+        frames.append((name, pixels))
+    return frames

@@ -16,6 +16,7 @@ class StageTimer:
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == 'cuda'
+        self._device = device
         self.clock = CUDA_EVENTS_CLOCK if self._cuda else HOST_CLOCK
         self._host_ms: Dict[str, float] = {stage: 0.0 for stage in STAGES}
         self._events: List[Tuple[str, object, object]] = []     # (stage, start event, end event) on CUDA
@@ -24,8 +25,10 @@ class StageTimer:
 
     def _mark(self) -> object:
         if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            # On the runtime's device: an event recorded on another device's stream times nothing of ours.
+            with torch.cuda.device(self._device):
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
             return event
         return time.perf_counter()
 

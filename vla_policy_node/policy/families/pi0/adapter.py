@@ -1,9 +1,9 @@
 """pi0: PaliGemma prefix (SigLIP + Gemma 2B), a Gemma 300M action expert, the state as one suffix token.
 
 lerobot ``src/lerobot/policies/pi0/`` at 7427f318 (``modeling_pi0.py``, ``processor_pi0.py``). The model
-(``model.py`` here, on the shared blocks ``policy/gemma.py``, ``siglip.py``, ``layers.py``), the config and the
-tokenizer of this folder are shared with pi0.5 (``families/pi05/adapter.py``, a subclass of this family that
-changes what differs).
+(``model.py`` here, on the shared blocks ``policy/gemma.py``, ``siglip.py``, ``layers.py``), the config class
+and the tokenizer of this folder are what pi0.5 is built on (``families/pi05/``: its config subclass, prompt,
+presets and field table, and its family, a subclass of this one).
 
     prompt   BOS + task + "\\n", right padded to tokenizer_max_length (PaliGemma tokenizer)
     images   resize-with-pad to image_resolution, centred (lerobot resize_with_pad_torch), x*2-1
@@ -20,11 +20,11 @@ import torch
 
 from ...checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                            normalizer_step, relative_step, write_folder)
-from .config import PolicyConfig, fields_for, preset
+from .config import CONFIG_FIELDS, PolicyConfig, preset
 from ...config_fields import ConfigError
-from ...family import PolicyFamily, TokenizerSource
+from ...family import Frames, PolicyFamily, TokenizerSource
 from .model import PiZeroModel
-from ...preprocess import resize_with_pad, to_model_range
+from ...preprocess import ImagePromptInputs, image_prompt_inputs, resize_with_pad, to_model_range
 from .tiny_tokenizer import build_test_tokenizer
 from .flops import stage_flops
 from .tokenizer import SENTENCEPIECE_FILE, PromptTokenizer
@@ -44,7 +44,7 @@ KEY_RENAMES: Tuple[Tuple[str, str], ...] = (
 
 
 class Pi0Family(PolicyFamily):
-    """pi0 behind the family interface; pi0.5 overrides the class attributes and ``prompt_tokens``."""
+    """pi0 behind the family interface; pi0.5's family (families/pi05/adapter.py) is built on it."""
 
     type_name: ClassVar[str] = 'pi0'
     weight_keys: ClassVar[WeightKeys] = WeightKeys(renames=KEY_RENAMES,
@@ -63,7 +63,7 @@ class Pi0Family(PolicyFamily):
 
     @classmethod
     def config_fields(cls) -> Mapping[str, Any]:
-        return fields_for(cls.type_name)
+        return CONFIG_FIELDS
 
     @classmethod
     def tokenizer_source(cls, config: PolicyConfig, hub_name: Optional[str] = None) -> TokenizerSource:
@@ -84,7 +84,7 @@ class Pi0Family(PolicyFamily):
     # ---- saving (the tiny default and tests write lerobot folders) ----------------------------------
     @classmethod
     def tiny_config(cls, **overrides: Any) -> PolicyConfig:
-        return preset('tiny', policy_type=cls.type_name, **overrides)
+        return preset('tiny', **overrides)
 
     @classmethod
     def build_test_tokenizer(cls, folder: Path, vocab_size: int) -> Path:
@@ -114,7 +114,7 @@ class Pi0Family(PolicyFamily):
         if name not in cls.preset_names:
             raise ConfigError(f'unknown {cls.type_name} preset {name!r}; known: {", ".join(cls.preset_names)}')
         overrides = {'depth': depth} if name == 'pi0_shallow' and depth is not None else {}
-        return preset(name, policy_type=cls.type_name, **overrides)
+        return preset(name, **overrides)
 
     @classmethod
     def stage_flops(cls, config: PolicyConfig, num_steps: int) -> Dict[str, int]:
@@ -124,7 +124,12 @@ class Pi0Family(PolicyFamily):
     def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self.tokenizer.encode_pi0(instruction, self.config.tokenizer_max_length)
 
+    def prefix_inputs(self, frames: Frames, tokens: np.ndarray, token_mask: np.ndarray) -> ImagePromptInputs:
+        return image_prompt_inputs(frames, tokens, token_mask, self.image_to_model, self.config.image_resolution,
+                                   self.device)
+
     def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
+        """A frame [3, H, W] in [0, 1] -> [3, h, w] in [-1, 1]: lerobot's resize with pad, centred."""
         return to_model_range(resize_with_pad(unit, self.config.image_resolution))
 
 

@@ -1,26 +1,27 @@
-"""PaliGemma-family configuration (pi0 and pi0.5): sizes of the three towers plus the policy-level settings.
+"""pi0's configuration: sizes of the three PaliGemma towers plus the policy-level settings.
 
-A config comes from a lerobot ``config.json`` (``type`` pi0 or pi05, named
-variants) or from a named preset. Named variants follow openpi's ``gemma.py``
-and PaliGemma's SigLIP So400m/14. A checkpoint may carry a ``model_sizes``
-block (this project's extension, ignored by lerobot's fields) that overrides
-the sizes of any tower; the tiny preset and the bench configs use it.
+A config comes from a lerobot ``config.json`` (``type`` pi0, named variants)
+or from a named preset. Named variants follow openpi's ``gemma.py`` and
+PaliGemma's SigLIP So400m/14. A checkpoint may carry a ``model_sizes`` block
+(this project's extension, ignored by lerobot's fields) that overrides the
+sizes of any tower; the tiny preset and the bench configs use it.
 
-What differs between pi0 and pi0.5 is data, not a test of the type:
-``PALIGEMMA_TRAITS`` gives each type's ``PaliGemmaTraits`` (state token or
-state in the prompt, adaptive expert norms, defaults). One config class
-describes both types, as openpi's ``Pi0Config`` does with its ``pi05`` flag.
+pi0.5 is built on this (``families/pi05/config.py``: a subclass with its own
+traits, field table and presets). What the model does differently is data,
+not a test of the type: the config class's ``TRAITS`` (a ``PaliGemmaTraits``:
+state token or state in the prompt, adaptive expert norms, defaults), as
+openpi's ``Pi0Config`` does with its ``pi05`` flag.
 
 Nothing in a config.json is ignored silently: ``LEROBOT_CONFIG_FIELDS`` says
-for every field of lerobot's ``PI0Config`` / ``PI05Config`` whether we
-implement it, accept it because only training reads it, accept it as
-metadata, or load it only at the values we reproduce (policy/config_fields.py).
+for every field of lerobot's ``PI0Config`` whether we implement it, accept it
+because only training reads it, accept it as metadata, or load it only at
+the values we reproduce (policy/config_fields.py).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple
 
 from ...config_fields import (ACTION_FEATURE, DEFAULT_ONLY, IMAGE_FEATURE_PREFIX, IMPLEMENTED, METADATA,  # noqa: F401
                               PRETRAINED_CONFIG_FIELDS, STATE_FEATURE, TRAINING, TRAINING_PRESET_FIELDS, ConfigError,
@@ -33,8 +34,10 @@ from ...siglip import VisionSize
 
 @dataclass(frozen=True)
 class PaliGemmaTraits:
-    """What a PaliGemma type does differently (looked up by type in PALIGEMMA_TRAITS, never tested by name)."""
+    """What a PaliGemma type does differently (its config class's ``TRAITS``, never a test of the type)."""
 
+    policy_type: str                # lerobot's config.json type
+    lerobot_class: str              # lerobot's config class, for the refusals
     state_token: bool               # pi0: the state is one suffix token (state_proj); pi0.5: in the prompt
     adaptive_expert: bool           # pi0.5: time enters the expert through adaptive RMSNorm (time_mlp_*)
     tokenizer_max_length: int       # lerobot's default prompt length
@@ -42,22 +45,9 @@ class PaliGemmaTraits:
     tiny_tokenizer_max_length: int  # the tiny preset's prompt length
 
 
-PALIGEMMA_TRAITS: Dict[str, PaliGemmaTraits] = {
-    'pi0': PaliGemmaTraits(state_token=True, adaptive_expert=False, tokenizer_max_length=48,
-                           normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'},
-                           tiny_tokenizer_max_length=16),
-    'pi05': PaliGemmaTraits(state_token=False, adaptive_expert=True, tokenizer_max_length=200,
-                            normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'QUANTILES', 'ACTION': 'QUANTILES'},
-                            tiny_tokenizer_max_length=200),
-}
-
-
-def paligemma_traits(policy_type: Any) -> PaliGemmaTraits:
-    """The traits of ``policy_type``; ConfigError naming it and the types this config class describes."""
-    traits = PALIGEMMA_TRAITS.get(policy_type) if isinstance(policy_type, str) else None
-    if traits is None:
-        raise ConfigError(f'config.json "type" must be one of {PALIGEMMA_TYPES}, got {policy_type!r}')
-    return traits
+PI0_TRAITS = PaliGemmaTraits(policy_type='pi0', lerobot_class='PI0Config', state_token=True, adaptive_expert=False,
+                             tokenizer_max_length=48, tiny_tokenizer_max_length=16,
+                             normalization_mapping={'VISUAL': 'IDENTITY', 'STATE': 'MEAN_STD', 'ACTION': 'MEAN_STD'})
 
 
 GEMMA_VARIANTS: Dict[str, GemmaSize] = {
@@ -71,9 +61,13 @@ PALIGEMMA_VOCAB_SIZE = 257152
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig(PolicyLevelConfig):
-    """Everything needed to build a pi0 / pi0.5 model and its pre/post-processing (``policy_type`` one of
-    PALIGEMMA_TYPES); the policy-level fields are PolicyLevelConfig's, with pi0's defaults here."""
+    """Everything needed to build a pi0 model and its pre/post-processing; the policy-level fields are
+    PolicyLevelConfig's, with pi0's defaults here. A PaliGemma type built on pi0 subclasses it with its own
+    ``TRAITS`` and ``field_table`` (families/pi05/config.py)."""
 
+    TRAITS: ClassVar[PaliGemmaTraits] = PI0_TRAITS
+
+    policy_type: str = 'pi0'
     vision: VisionSize
     language: GemmaSize
     expert: GemmaSize
@@ -89,10 +83,19 @@ class PolicyConfig(PolicyLevelConfig):
     layer_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     dtype: str = 'float32'
-    traits: PaliGemmaTraits = field(init=False, repr=False, compare=False)
+
+    @property
+    def traits(self) -> PaliGemmaTraits:
+        return self.TRAITS
+
+    @classmethod
+    def field_table(cls) -> Dict[str, ConfigField]:
+        """Every field of lerobot's config class for this type, classified."""
+        return CONFIG_FIELDS
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, 'traits', paligemma_traits(self.policy_type))
+        if self.policy_type != self.TRAITS.policy_type:
+            raise ConfigError(f'a {type(self).__name__} is type {self.TRAITS.policy_type!r}, got {self.policy_type!r}')
         lm, ex = self.language, self.expert
         # One joint attention per layer: both streams must agree on its shape.
         for name in ('depth', 'num_heads', 'num_kv_heads', 'head_dim'):
@@ -172,15 +175,18 @@ class PolicyConfig(PolicyLevelConfig):
                 'vocab_size': self.vocab_size,
             },
         }
-        if self.policy_type in CONFIG_FIELDS['rtc_training_max_delay'].policy_types:
-            document['rtc_training_max_delay'] = self.rtc_training_max_delay   # a PI05Config field only
+        if 'rtc_training_max_delay' in self.field_table():
+            document['rtc_training_max_delay'] = self.rtc_training_max_delay   # not a PI0Config field
         return document
 
     @classmethod
     def from_lerobot_dict(cls, raw: Mapping[str, Any]) -> 'PolicyConfig':
+        traits = cls.TRAITS
         policy_type = raw.get('type')
-        traits = paligemma_traits(policy_type)
-        check_lerobot_fields(raw)
+        if policy_type != traits.policy_type:
+            raise ConfigError(f'config.json "type" must be {traits.policy_type!r} for {traits.lerobot_class}, '
+                              f'got {policy_type!r}')
+        check_fields(raw, cls.field_table(), policy_type, traits.lerobot_class)
         sizes = raw.get('model_sizes') or {}
         language = _gemma_size(sizes.get('language'), raw.get('paligemma_variant', 'gemma_2b'), 'paligemma_variant')
         expert = _gemma_size(sizes.get('expert'), raw.get('action_expert_variant', 'gemma_300m'),
@@ -221,79 +227,59 @@ class PolicyConfig(PolicyLevelConfig):
 
 # ---- every config.json field, classified ---------------------------------------------------------
 #
-# The fields of lerobot's PreTrainedConfig, PI0Config and PI05Config at huggingface/lerobot
+# The fields of lerobot's PreTrainedConfig and PI0Config at huggingface/lerobot
 # 7427f31801f944f5ec9ce53cda02862ce7d1638b (src/lerobot/configs/policies.py,
-# src/lerobot/policies/pi0/configuration_pi0.py, src/lerobot/policies/pi05/configuration_pi05.py), plus the
-# draccus choice key "type" and this project's "model_sizes". The two lerobot classes differ in a few
-# fields only, so they share one table; ``policy_types`` says which class has a field.
-# test/test_config_fields.py holds those lists and fails when a field is missing here.
+# src/lerobot/policies/pi0/configuration_pi0.py), plus the draccus choice key "type" and this project's
+# "model_sizes". PI05Config shares all of them and adds a few: ``paligemma_fields`` inserts those where
+# pi0.5's table (families/pi05/config.py) has them. test/test_config_fields.py holds lerobot's lists and
+# fails when a field is missing.
 
-PALIGEMMA_TYPES = tuple(PALIGEMMA_TRAITS)       # the lerobot types this config class describes
-PI05_ONLY = ('pi05',)
+def paligemma_fields(type_row: ConfigField,
+                     inserted: Mapping[str, Sequence[ConfigField]] = {}) -> Tuple[ConfigField, ...]:
+    """The rows every PaliGemma type's table has, its own ``type`` row first and ``inserted[name]`` after
+    the row ``name`` (pi0.5's own fields)."""
+    rows = (
+        type_row,
+        ConfigField('model_sizes', IMPLEMENTED, "this project's extension: explicit tower sizes (tiny and bench "
+                    'models)'),
+        # ---- PreTrainedConfig ----
+        *PRETRAINED_CONFIG_FIELDS,
+        # ---- PI0Config ----
+        ConfigField('paligemma_variant', IMPLEMENTED, 'language model size'),
+        ConfigField('action_expert_variant', IMPLEMENTED, 'action expert size'),
+        ConfigField('dtype', METADATA, "lerobot's precision; the node's dtype parameter sets ours (bf16 keeps the "
+                    'same modules in fp32 as lerobot)'),
+        ConfigField('chunk_size', IMPLEMENTED, 'actions per chunk'),
+        ConfigField('n_action_steps', IMPLEMENTED, "checked <= chunk_size; the node's execute_steps publishes"),
+        ConfigField('max_state_dim', IMPLEMENTED, 'pi0 state projection width (pi0.5: the padded legacy prompt)'),
+        ConfigField('max_action_dim', IMPLEMENTED, 'noise and action projection width'),
+        ConfigField('num_inference_steps', IMPLEMENTED, "Euler steps (the node's num_steps parameter overrides)"),
+        ConfigField('time_sampling_beta_alpha', TRAINING, 'flow-matching time sampling'),
+        ConfigField('time_sampling_beta_beta', TRAINING, 'flow-matching time sampling'),
+        ConfigField('time_sampling_scale', TRAINING, 'flow-matching time sampling'),
+        ConfigField('time_sampling_offset', TRAINING, 'flow-matching time sampling'),
+        ConfigField('min_period', IMPLEMENTED, 'time embedding'),
+        ConfigField('max_period', IMPLEMENTED, 'time embedding'),
+        ConfigField('use_relative_actions', IMPLEMENTED, 'raw state added back to masked joints'),
+        ConfigField('relative_exclude_joints', IMPLEMENTED, 'joints kept absolute (substring match on names)'),
+        ConfigField('action_feature_names', IMPLEMENTED, 'names the exclusions are matched against'),
+        ConfigField('rtc_config', METADATA, "lerobot's rollout-time RTC settings (null in trained checkpoints); the "
+                    "node's chunking and rtc_* parameters decide"),
+        ConfigField('image_resolution', IMPLEMENTED, 'model image size (resize with pad)'),
+        ConfigField('empty_cameras', IMPLEMENTED, 'masked placeholder cameras'),
+        ConfigField('tokenizer_max_length', IMPLEMENTED, 'prompt length'),
+        ConfigField('normalization_mapping', IMPLEMENTED, 'VISUAL IDENTITY; STATE and ACTION any lerobot mode'),
+        ConfigField('gradient_checkpointing', TRAINING, 'memory saving in training'),
+        ConfigField('freeze_vision_encoder', TRAINING, 'fine-tuning'),
+        ConfigField('train_expert_only', TRAINING, 'fine-tuning'),
+        *TRAINING_PRESET_FIELDS,
+    )
+    return tuple(row for entry in rows for row in (entry, *inserted.get(entry.name, ())))
 
 
-def _field(name: str, handling: str, why: str, accepted: Tuple[Any, ...] = (),
-           policy_types: Tuple[str, ...] = PALIGEMMA_TYPES) -> ConfigField:
-    return ConfigField(name, handling, why, accepted, policy_types)
-
-
-LEROBOT_CONFIG_FIELDS: Tuple[ConfigField, ...] = (
-    _field('type', IMPLEMENTED, 'pi0 or pi05; any other policy is refused'),
-    _field('model_sizes', IMPLEMENTED, "this project's extension: explicit tower sizes (tiny and bench models)"),
-    # ---- PreTrainedConfig ----
-    *(dataclasses.replace(entry, policy_types=PALIGEMMA_TYPES) for entry in PRETRAINED_CONFIG_FIELDS),
-    # ---- PI0Config / PI05Config ----
-    _field('paligemma_variant', IMPLEMENTED, 'language model size'),
-    _field('action_expert_variant', IMPLEMENTED, 'action expert size'),
-    _field('dtype', METADATA, "lerobot's precision; the node's dtype parameter sets ours (bf16 keeps the same "
-           'modules in fp32 as lerobot)'),
-    _field('chunk_size', IMPLEMENTED, 'actions per chunk'),
-    _field('n_action_steps', IMPLEMENTED, "checked <= chunk_size; the node's execute_steps publishes"),
-    _field('use_visual_memory', DEFAULT_ONLY, 'MEM video memory is not implemented', accepted=(False,),
-           policy_types=PI05_ONLY),
-    _field('use_proprioceptive_memory', DEFAULT_ONLY, 'MEM state memory is not implemented', accepted=(False,),
-           policy_types=PI05_ONLY),
-    _field('memory_frames', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
-    _field('memory_stride', METADATA, 'read only with MEM, which loads only when off', policy_types=PI05_ONLY),
-    _field('memory_temporal_attention_every', METADATA, 'read only with MEM, which loads only when off',
-           policy_types=PI05_ONLY),
-    _field('max_state_dim', IMPLEMENTED, 'pi0 state projection width (pi0.5: the padded legacy prompt)'),
-    _field('max_action_dim', IMPLEMENTED, 'noise and action projection width'),
-    _field('num_inference_steps', IMPLEMENTED, "Euler steps (the node's num_steps parameter overrides)"),
-    _field('time_sampling_beta_alpha', TRAINING, 'flow-matching time sampling'),
-    _field('time_sampling_beta_beta', TRAINING, 'flow-matching time sampling'),
-    _field('time_sampling_scale', TRAINING, 'flow-matching time sampling'),
-    _field('time_sampling_offset', TRAINING, 'flow-matching time sampling'),
-    _field('min_period', IMPLEMENTED, 'time embedding'),
-    _field('max_period', IMPLEMENTED, 'time embedding'),
-    _field('use_relative_actions', IMPLEMENTED, 'raw state added back to masked joints'),
-    _field('relative_exclude_joints', IMPLEMENTED, 'joints kept absolute (substring match on names)'),
-    _field('action_feature_names', IMPLEMENTED, 'names the exclusions are matched against'),
-    _field('rtc_config', METADATA, "lerobot's rollout-time RTC settings (null in trained checkpoints); the "
-           "node's chunking and rtc_* parameters decide"),
-    _field('rtc_training_max_delay', IMPLEMENTED, 'trained real-time chunking: the largest clamped prefix '
-           '(rtc_mode trained)', policy_types=PI05_ONLY),
-    _field('image_resolution', IMPLEMENTED, 'model image size (resize with pad)'),
-    _field('empty_cameras', IMPLEMENTED, 'masked placeholder cameras'),
-    _field('tokenizer_max_length', IMPLEMENTED, 'prompt length'),
-    _field('normalization_mapping', IMPLEMENTED, 'VISUAL IDENTITY; STATE and ACTION any lerobot mode'),
-    _field('gradient_checkpointing', TRAINING, 'memory saving in training'),
-    _field('freeze_vision_encoder', TRAINING, 'fine-tuning'),
-    _field('train_expert_only', TRAINING, 'fine-tuning'),
-    *(dataclasses.replace(entry, policy_types=PALIGEMMA_TYPES) for entry in TRAINING_PRESET_FIELDS),
-)
+LEROBOT_CONFIG_FIELDS: Tuple[ConfigField, ...] = paligemma_fields(
+    ConfigField('type', IMPLEMENTED, 'pi0; any other type is another family (or refused)'))
 CONFIG_FIELDS: Dict[str, ConfigField] = table(LEROBOT_CONFIG_FIELDS)
-
-
-def fields_for(policy_type: str) -> Dict[str, ConfigField]:
-    """The rows of the table that lerobot's config class for ``policy_type`` has."""
-    return {name: entry for name, entry in CONFIG_FIELDS.items() if policy_type in entry.policy_types}
-
-
-def check_lerobot_fields(raw: Mapping[str, Any]) -> None:
-    """Refuse keys the table does not know for this type, and unimplemented fields away from their accepted values."""
-    policy_type = str(raw.get('type'))
-    check_fields(raw, fields_for(policy_type), policy_type, 'PI0Config/PI05Config')
 
 
 def _gemma_size(explicit: Optional[Mapping[str, int]], variant: str, field_name: str) -> GemmaSize:
@@ -313,35 +299,42 @@ TINY_LANGUAGE = GemmaSize(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_he
 TINY_EXPERT = GemmaSize(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16)
 
 
-def preset(name: str, policy_type: str = 'pi0', **overrides: Any) -> PolicyConfig:
-    """Named configurations.
+def paligemma_preset(config_class: type, name: str, **overrides: Any) -> PolicyConfig:
+    """The sizes a PaliGemma type's presets share, as ``config_class`` (pi0's or a type built on it).
 
     - ``tiny``: a few hundred thousand parameters; tests and the demo.
-    - ``pi0_shallow``: full pi0 widths (So400m, gemma_2b, gemma_300m) with
-      ``depth`` layers per tower, for CPU benchmarks with realistic shapes.
-    - ``pi0`` / ``pi05``: the real sizes.
+    - ``shallow``: the real widths (So400m, gemma_2b, gemma_300m) with ``depth`` layers per tower, for CPU
+      benchmarks with realistic shapes.
+    - ``full``: the real sizes.
     """
-    if name in PALIGEMMA_TYPES:
-        policy_type = name
-    traits = paligemma_traits(policy_type)
-    common: Dict[str, Any] = dict(policy_type=policy_type,
-                                  tokenizer_max_length=traits.tokenizer_max_length,
+    traits = config_class.TRAITS
+    common: Dict[str, Any] = dict(tokenizer_max_length=traits.tokenizer_max_length,
                                   normalization_mapping=traits.normalization_mapping)
     if name == 'tiny':
         cfg = dict(common, vision=TINY_VISION, language=TINY_LANGUAGE, expert=TINY_EXPERT, vocab_size=512,
                    image_resolution=(32, 32), chunk_size=10, n_action_steps=10, state_dim=6, action_dim=6,
                    tokenizer_max_length=traits.tiny_tokenizer_max_length)
-    elif name == 'pi0_shallow':
+    elif name == 'shallow':
         depth = int(overrides.pop('depth', 2))
         lm, ex = GEMMA_VARIANTS['gemma_2b'], GEMMA_VARIANTS['gemma_300m']
         cfg = dict(common, vision=dataclasses.replace(SIGLIP_SO400M_14, depth=depth),
                    language=dataclasses.replace(lm, depth=depth), expert=dataclasses.replace(ex, depth=depth),
                    # The embedding table is the one tensor whose size does not scale with depth.
                    vocab_size=overrides.pop('vocab_size', 4096))
-    elif name in PALIGEMMA_TYPES:
+    elif name == 'full':
         cfg = dict(common, vision=SIGLIP_SO400M_14,
                    language=GEMMA_VARIANTS['gemma_2b'], expert=GEMMA_VARIANTS['gemma_300m'])
     else:
-        raise ConfigError(f'unknown preset {name!r}; known: tiny, pi0_shallow, pi0, pi05')
+        raise ConfigError(f'unknown PaliGemma preset {name!r}; known: tiny, shallow, full')
     cfg.update(overrides)
-    return PolicyConfig(**cfg)
+    return config_class(**cfg)
+
+
+PRESETS = {'tiny': 'tiny', 'pi0_shallow': 'shallow', 'pi0': 'full'}
+
+
+def preset(name: str, **overrides: Any) -> PolicyConfig:
+    """pi0's named configurations: ``tiny``, ``pi0_shallow`` (real widths, ``depth`` layers), ``pi0``."""
+    if name not in PRESETS:
+        raise ConfigError(f'unknown pi0 preset {name!r}; known: {", ".join(PRESETS)}')
+    return paligemma_preset(PolicyConfig, PRESETS[name], **overrides)

@@ -7,7 +7,7 @@
 
 Inference is split in two: ``fill_prefix`` runs the vision tower and the
 language model once and returns a read-only ``PrefixContext`` (per-layer
-K/V); ``denoise`` runs only the expert against it. A cached context can
+K/V, ``kv_prefix_context``); ``denoise`` runs only the expert against it. A cached context can
 therefore be reused for any number of chunks.
 
 Module names mirror lerobot's ``PI0Pytorch``/``PI05Pytorch`` so that
@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ....cache.context import PrefixContext
+from ....cache.context import KV, PAD_MASK, PrefixContext, kv_prefix_context
 from .config import PolicyConfig
 from ...gemma import GemmaStack
-from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
+from ...family import PolicyModel, WorkspaceSpec
+from ...preprocess import check_prefix_inputs
 from ...layers import TimeEmbeddingTable, additive_mask, fold_mask, rope_cos_sin
 from ...rtc import RTCGuide, RTCSettings
 from ...siglip import SiglipVisionTower
@@ -161,7 +162,7 @@ class PiZeroModel(PolicyModel):
         # Every prefix token has ar=0: valid tokens all see each other.
         allowed = (pad[:, None, :] & pad[:, :, None])[:, None]                         # [B, 1, P, P]
         kv = self._lm.prefix_kv(x, cos, sin, additive_mask(allowed, self.compute_dtype), self.compute_dtype)
-        return PrefixContext(kv=kv, pad_mask=pad)
+        return kv_prefix_context(kv, pad)
 
     # ---- suffix --------------------------------------------------------------------
     def time_embeddings(self, num_steps: int) -> torch.Tensor:
@@ -177,7 +178,7 @@ class PiZeroModel(PolicyModel):
         and every action token.
         """
         cfg = self.config
-        pad = context.pad_mask                                                          # [B, P]
+        pad = context[PAD_MASK]                                                         # [B, P]
         batch, prefix_len = pad.shape
         horizon, device = cfg.chunk_size, pad.device
         groups = cfg.expert.num_heads // cfg.expert.num_kv_heads
@@ -230,13 +231,13 @@ class PiZeroModel(PolicyModel):
 
     def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
         """The K/V workspace the loop reads: the prefix K/V extended by the suffix (fast_path.py)."""
-        return ((context.kv, context.prefix_len + self.config.suffix_len),)
+        return ((context[KV], context.prefix_len + self.config.suffix_len),)
 
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None,
+                    rtc: Optional[RTCSettings] = None, embodiment: Optional[torch.Tensor] = None,
                     workspace: Optional[Sequence[torch.Tensor]] = None) -> 'ChunkSetup':
         """Everything fixed for one chunk: ``start_chunk`` (inputs checked, the K/V workspace with the prefix,
         the RTC guide), then pi0's state token written into the workspace, the suffix layout, the time terms.
@@ -246,7 +247,8 @@ class PiZeroModel(PolicyModel):
         and the state part is written into them. The stored context is never written: each step writes only
         the action tokens' part of the workspace."""
         start = self.start_chunk(context, noise, num_steps, workspace, prev_chunk_left_over=prev_chunk_left_over,
-                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc,
+                                 embodiment=embodiment)
         layout = self._suffix_layout(context)
         (kv_workspace,) = start.workspace
         if layout.state is not None:

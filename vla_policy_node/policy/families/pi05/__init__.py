@@ -1,4 +1,5 @@
-"""pi0.5: pi0's config, model and tokenizer (``families/pi0/``) with its own adapter (``Pi05Family``).
+"""pi0.5: its config and field table (``config.py``), its prompt (``tokenizer.py``) and its family
+(``adapter.py``), built on pi0's model, PaliGemma tokenizer and weight handling (``families/pi0/``).
 
 lerobot ``src/lerobot/policies/pi05/`` at 7427f318.
 """

@@ -25,8 +25,8 @@ import torch
 from ...checkpoint import (CheckpointError, LoadedCheckpoint, WeightKeys, common_steps, device_step, load_parts,
                            normalizer_step, write_folder)
 from ...config_fields import ConfigError
-from ...family import PolicyFamily, TokenizerSource
-from ...preprocess import resize_with_pad_left_top, to_model_range
+from ...family import Frames, PolicyFamily, TokenizerSource
+from ...preprocess import ImagePromptInputs, image_prompt_inputs, resize_with_pad_left_top, to_model_range
 from .flops import stage_flops
 from .model import SmolVLAModel
 from .config import SMOLVLA_CONFIG_FIELDS, SmolVLAConfig, smolvla_preset
@@ -40,7 +40,6 @@ LM_HEAD_KEY = 'vlm_with_expert.vlm.lm_head.weight'
 
 class SmolVLAFamily(PolicyFamily):
     type_name: ClassVar[str] = 'smolvla'
-    state_in_prompt: ClassVar[bool] = False
     model_class: ClassVar[Any] = SmolVLAModel
     tokenizer_class: ClassVar[Any] = SmolVLMTokenizer
     tokenizer_hint: ClassVar[str] = 'SmolVLM2\'s tokenizer.json (see docs/checkpoints.md)'
@@ -137,7 +136,12 @@ class SmolVLAFamily(PolicyFamily):
     def prompt_tokens(self, instruction: str, normalized_state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self.tokenizer.encode_task(instruction, self.config.tokenizer_max_length)
 
+    def prefix_inputs(self, frames: Frames, tokens: np.ndarray, token_mask: np.ndarray) -> ImagePromptInputs:
+        return image_prompt_inputs(frames, tokens, token_mask, self.image_to_model, self.config.image_resolution,
+                                   self.device)
+
     def image_to_model(self, unit: torch.Tensor) -> torch.Tensor:
+        """A frame [3, H, W] in [0, 1] -> [3, h, w] in [-1, 1]: lerobot's resize with pad, left and top."""
         return to_model_range(resize_with_pad_left_top(unit, self.config.image_resolution))
 
     def describe(self) -> Dict[str, Any]:

@@ -9,7 +9,7 @@ in the prefix attends to the state token. The image + language K/V of every VLM 
 on the state; this module splits lerobot's one prefix pass in two:
 
     fill_prefix   vision + connector + VLM layers over [images ; language]  -> PrefixContext
-                  kv [L, 2, B, K, P, D] (post-RoPE K) and extra['cross_kv'] (the cross-attention layers' projected
+                  'kv' [L, 2, B, K, P, D] (post-RoPE K) and 'cross_kv' (the cross-attention layers' projected
                   K/V [C, 2, B, K', P, D']) -- constant over every denoise step and every chunk of the entry
     chunk_setup   per chunk: the state token alone through the VLM layers, attending to the cached K/V and
                   itself (its K/V per layer), projected for the cross layers; workspaces; time terms; RTC guide
@@ -41,15 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ....cache.context import PrefixContext
-from ...family import PolicyModel, WorkspaceSpec, check_prefix_inputs
+from ....cache.context import KV, PAD_MASK, PrefixContext, kv_prefix_context
+from ...family import PolicyModel, WorkspaceSpec
+from ...preprocess import check_prefix_inputs
 from ...layers import (PackedLinears, TimeEmbeddingTable, additive_mask, fold_mask,
                        grouped_query_attention, keep_fp32, split_half_rope_tables)
 from ...rtc import RTCGuide, RTCSettings
 from .config import SmolVLAConfig
 from .smolvlm import LlamaExpert, SmolVLM
 
-# The name of the cross layers' projected prefix K/V in PrefixContext.extra.
+# The name of the cross layers' projected prefix K/V in the context (laid out like its K/V).
 CROSS_KV = 'cross_kv'
 # Parameters kept fp32 when the model computes in bf16 (module docstring).
 FP32_MODULE_MARKERS = ('vision_model', 'connector', 'state_proj', 'action_in_proj', 'action_out_proj',
@@ -150,7 +151,7 @@ class SmolVLAModel(PolicyModel):
         vlm = self._vlm
         patches = vlm.vision_model(images.flatten(0, 1).float(), torch.float32)     # [B*N, patches, W_vis]
         tokens = vlm.connector(patches)                                             # [B*N, T, W_text] fp32
-        tokens = tokens * torch.tensor(tokens.shape[-1] ** 0.5, dtype=tokens.dtype, device=tokens.device)
+        tokens = tokens * torch.full((), tokens.shape[-1] ** 0.5, dtype=tokens.dtype, device=tokens.device)
         return tokens.reshape(batch, cameras * tokens.shape[1], -1)
 
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -183,7 +184,7 @@ class SmolVLAModel(PolicyModel):
             if i == len(layers) - 1:
                 break                     # nothing reads the last layer's outputs over the prefix
             x = layer.finish(x, grouped_query_attention(q, k, v, mask))
-        return PrefixContext(kv=kv, pad_mask=pad, extra={CROSS_KV: self._cross_prefix_kv(kv)})
+        return kv_prefix_context(kv, pad, **{CROSS_KV: self._cross_prefix_kv(kv)})
 
     def _cross_prefix_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """The cross layers' k_proj / v_proj of the cached VLM K/V -> [C, 2, B, K', P, D'] fp32 (fp32 weights)."""
@@ -205,7 +206,7 @@ class SmolVLAModel(PolicyModel):
 
         state [B, max_state_dim] normalised, zero-padded. Nothing in the prefix attends to it (lerobot's
         att mask 1), so the cached K/V are exactly what lerobot computes with the state in the prefix."""
-        pad = context.pad_mask
+        pad = context[PAD_MASK]
         batch, prefix_len = pad.shape
         x = self.state_proj(state.float())[:, None]                                     # [B, 1, W] fp32
         cos, sin = self._rope(pad.long().sum(dim=1, keepdim=True))                      # position = valid count
@@ -228,13 +229,13 @@ class SmolVLAModel(PolicyModel):
         """The workspaces the loop reads (fast_path.py): self K/V [.., P + 1 + H, D] (prefix ; state ; actions)
         and the cross layers' K/V [.., P + 1, D'] (prefix ; state)."""
         prefix_len = context.prefix_len
-        return ((context.kv, prefix_len + 1 + self.config.chunk_size), (context.extra[CROSS_KV], prefix_len + 1))
+        return ((context[KV], prefix_len + 1 + self.config.chunk_size), (context[CROSS_KV], prefix_len + 1))
 
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: torch.Tensor, noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None,
+                    rtc: Optional[RTCSettings] = None, embodiment: Optional[torch.Tensor] = None,
                     workspace: Optional[Sequence[torch.Tensor]] = None) -> SmolChunk:
         """Everything fixed for one chunk; the stored ``context`` is only read (copied into workspaces).
 
@@ -244,8 +245,9 @@ class SmolVLAModel(PolicyModel):
         if state is None or tuple(state.shape) != (context.batch_size, cfg.max_state_dim):
             raise ValueError(f'SmolVLA needs the normalised state [B, {cfg.max_state_dim}]')
         start = self.start_chunk(context, noise, num_steps, workspace, prev_chunk_left_over=prev_chunk_left_over,
-                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc)
-        pad, horizon = context.pad_mask, cfg.chunk_size
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc,
+                                 embodiment=embodiment)
+        pad, horizon = context[PAD_MASK], cfg.chunk_size
         batch, prefix_len = pad.shape
         self_kv, cross_kv = start.workspace
         self.state_pass(context, state, self_kv)

@@ -3,7 +3,9 @@
     model -> robot:  unnormalise -> (relative-action checkpoints) + the raw state of the observation
     robot -> model:  (relative-action checkpoints) - the raw state of the observation -> normalise
 
-Relative actions are policy/relative_actions.py (lerobot's rule and arithmetic).
+Relative actions are policy/relative_actions.py (lerobot's rule and arithmetic). These are the defaults of a
+family's ``postprocess`` / ``to_model_space`` hooks (policy/family.py); a family with its own action decode
+overrides the hooks.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..policy.relative_actions import relative_action_mask, to_absolute_actions, to_relative_actions
+from .relative_actions import relative_action_mask, to_absolute_actions, to_relative_actions
 
 
 def relative_mask(config: Any) -> Optional[np.ndarray]:

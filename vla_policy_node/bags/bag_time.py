@@ -17,6 +17,11 @@ from ..observation import InputLayout
 from .bag_io import BagMessage
 
 
+# The topic of the recorded command (what the arm was told) that the replay scores against and the converter
+# takes as the action, unless told another.
+DEFAULT_COMMAND_TOPIC = '/joint_command'
+
+
 @dataclass(frozen=True)
 class Due:
     """A control tick that falls due at ``time_ns`` (bag time)."""

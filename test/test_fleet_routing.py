@@ -1,0 +1,101 @@
+"""The fleet's routing table and configuration, without Ray: robots stay on the replica holding their prefixes,
+new robots balance, the load guard spills one request, a dead replica's robots fail over, the table stays bounded;
+the options are checked in one place and a Serve config file round-trips to the same FleetConfig."""
+import pytest
+import yaml
+
+from vla_policy_node.fleet.affinity import AffinityTable
+from vla_policy_node.fleet.cli import main, serve_config_yaml
+from vla_policy_node.fleet.config import FleetConfig
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_robots_balance_over_replicas_and_stay_on_theirs():
+    table = AffinityTable()
+    replicas = ['a', 'b', 'c']
+    first = {robot: table.rank(robot, replicas)[0] for robot in (f'arm{i}' for i in range(9))}
+    assert sorted(table.robots_per_replica().values()) == [3, 3, 3]
+    for _ in range(5):
+        for robot, home in first.items():
+            assert table.rank(robot, replicas, {'a': 3, 'b': 0, 'c': 1})[0] == home
+    # Any router (a second ingress) agrees on ties: the tie-break is a hash both compute alike.
+    assert AffinityTable().rank('arm0', replicas)[0] == AffinityTable().rank('arm0', replicas)[0]
+
+
+def test_the_load_guard_spills_one_request_and_the_robot_keeps_its_replica():
+    table = AffinityTable(load_guard=4)
+    table.rank('arm', ['a', 'b'], {'a': 0, 'b': 0})
+    home = table.home('arm')
+    other = 'b' if home == 'a' else 'a'
+    assert table.rank('arm', ['a', 'b'], {home: 4, other: 0})[0] == home         # within the guard: stay
+    assert table.rank('arm', ['a', 'b'], {home: 5, other: 0}) == [other, home]   # past it: this request spills
+    assert table.spills == 1 and table.home('arm') == home
+    assert table.rank('arm', ['a', 'b'], {home: 1, other: 0})[0] == home
+
+
+def test_a_dead_replicas_robots_fail_over_and_the_others_stay():
+    table = AffinityTable()
+    homes = {robot: table.rank(robot, ['a', 'b'])[0] for robot in ('r0', 'r1', 'r2', 'r3')}
+    dead = homes['r0']
+    alive = 'b' if dead == 'a' else 'a'
+    after = {robot: table.rank(robot, [alive, 'c'])[0] for robot in homes}
+    for robot, home in homes.items():
+        if home == dead:
+            assert after[robot] in (alive, 'c')
+        else:
+            assert after[robot] == home
+    assert table.failovers == sum(home == dead for home in homes.values())
+    # The failed-over robots went where fewest robots were: the new replica 'c'.
+    assert all(after[robot] == 'c' for robot, home in homes.items() if home == dead)
+    assert table.rank('r0', []) == []
+
+
+def test_idle_robots_stop_counting_and_the_table_is_bounded():
+    clock = Clock()
+    table = AffinityTable(idle_sec=30, clock=clock, max_robots=50)
+    for i in range(4):
+        table.rank(f'old{i}', ['a', 'b'])
+    clock.now = 31.0
+    assert table.robots_per_replica() == {}
+    assert table.home('old0') is not None               # forgotten only when the next request comes
+    table.rank('new', ['a', 'b'])
+    assert table.home('old0') is None and table.robots_per_replica() == {table.home('new'): 1}
+    for i in range(200):
+        table.rank(f'many{i}', ['a', 'b'])
+    assert len(table._robots) == 50
+
+
+def test_fleet_options_are_checked_in_one_place():
+    FleetConfig(checkpoint='x')
+    for bad, message in ((dict(routing='random'), 'routing'), (dict(min_replicas=1), 'both'),
+                         (dict(min_replicas=3, max_replicas=2), 'min_replicas <= max_replicas'),
+                         (dict(max_batch=20, max_queue=16), 'max_batch'), (dict(replicas=0), 'replicas'),
+                         (dict(batch_window_ms=-1), 'batch_window_ms'), (dict(cpus_per_replica=0), 'cpus')):
+        with pytest.raises(ValueError, match=message):
+            FleetConfig(checkpoint='x', **bad)
+    with pytest.raises(ValueError, match='unknown fleet option'):
+        FleetConfig.from_args({'checkpoint': 'x', 'replica': '2'})
+
+
+def test_the_serve_config_file_gives_back_the_same_fleet(capsys):
+    cfg = FleetConfig(checkpoint='/models/pi0', replicas=3, max_batch=4, batch_window_ms=2.5, gpus_per_replica=1.0,
+                      host='0.0.0.0', api_key_file='/etc/vla/key', cache_max_bytes=1 << 30)
+    document = yaml.safe_load(serve_config_yaml(cfg))
+    (application,) = document['applications']
+    assert application['import_path'] == 'vla_policy_node.fleet.app:app_builder'
+    assert document['http_options'] == {'host': '0.0.0.0', 'port': 8000}
+    assert FleetConfig.from_args(application['args']) == cfg
+    # `serve run ... key=value` hands every value over as text
+    assert FleetConfig.from_args({name: str(value) for name, value in application['args'].items()}) == cfg
+    assert main(['config', '--checkpoint', '/models/pi0', '--replicas', '3', '--max-batch', '4',
+                 '--batch-window-ms', '2.5', '--gpus-per-replica', '1', '--host', '0.0.0.0',
+                 '--api-key-file', '/etc/vla/key', '--cache-max-bytes', str(1 << 30)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == document
+    assert main(['config', '--checkpoint', 'x', '--max-batch', '99']) == 2
