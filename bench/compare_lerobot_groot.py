@@ -175,7 +175,7 @@ class Ours:
         if rtc is not None:
             prev, delay, horizon = rtc
             kwargs = dict(prev_chunk_left_over=prev, inference_delay=delay, execution_horizon=horizon,
-                          rtc=RTCSettings())
+                          rtc=RTCSettings(mode='inpainting'))
         chunk = self.runtime.infer(Observation(dict(frames), np.asarray(state, np.float32), task),
                                    noise=np.asarray(noise)[0], **kwargs)
         cfg = self.policy.config
@@ -196,19 +196,19 @@ class Ours:
                               for n in cfg.camera_names])
         pixels = patchify(images, cfg.geometry)
         pixels = pixels.reshape(-1, pixels.shape[-1])
-        tokens, valid = torch.from_numpy(ids)[None], torch.from_numpy(mask)[None]
+        ids = ids[mask]                                  # the prompt's own tokens (lerobot's unpadded batch of one)
+        tokens, valid = torch.from_numpy(ids)[None], torch.ones(1, len(ids), dtype=torch.bool)
         model = policy.model
         with torch.no_grad(), model._autocast():
             backbone = model.backbone_features(images[None], tokens, valid)[0]
-        context = policy.fill_prefix(images[None], torch.ones(1, len(cfg.camera_names), dtype=torch.bool), tokens,
-                                     valid)
+        context = policy.fill_prefix(images[None], tokens, valid)
         normalized = policy.state_normalizer.normalize(np.asarray(state, np.float32))
         row = torch.zeros(1, 1, cfg.max_state_dim)
         row[0, 0, :len(normalized)] = torch.from_numpy(normalized)
         with torch.no_grad(), model._autocast():
             state_features = model.action_head.state_encoder(row, torch.full((1,), cfg.embodiment_id))
         return {'input_ids': ids[None], 'pixels': np.round(pixels.numpy() * 127.5 + 127.5).astype(np.uint8),
-                'backbone': backbone.float().numpy(), 'processed': context.extra['features'].numpy(),
+                'backbone': backbone.float().numpy(), 'processed': context['features'].numpy(),
                 'state_features': state_features.float().numpy()}
 
 

@@ -1,7 +1,7 @@
 """GR00T N1.7 behind the family seam: loading (every config field classified, refusals by name, nothing from the
 network), the prompt, the state-free cache (a state change hits, a hit equals its miss bit for bit, the entry's
-bytes), right padding, a capture-safe Euler loop, the checkpoint writer. Parity with lerobot: test_groot_pipeline.py.
-The family is built directly (GrootFamily); its registry line is added with the seam's GR00T changes."""
+bytes), prompt buckets, a capture-safe Euler loop, the checkpoint writer. Parity with lerobot: test_groot_pipeline.py;
+the fast path, batching and the applications: test_groot_seam.py."""
 import json
 import shutil
 from pathlib import Path
@@ -179,14 +179,20 @@ def test_the_doctors_view_needs_no_processor_folder(tiny, folder):
 
 # ---- the prompt --------------------------------------------------------------------------------------------------
 
+def real_tokens(policy, task):
+    ids, mask = policy.prompt_tokens(task, None)
+    return ids[mask]
+
+
 def test_the_prompt_is_the_chat_template_with_every_cameras_image_tokens(runtime):
     policy = runtime.policy
     rendered = policy.tokenizer.render('pick up the red cube', 2)
     assert rendered == ('<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|><|vision_start|><|image_pad|>'
                         '<|vision_end|>pick up the red cube<|im_end|>\n')
     ids, mask = policy.prompt_tokens(TASK, None)
-    assert mask.all() and len(ids) < runtime.config.tokenizer_max_length
-    assert int((ids == 151655).sum()) == 2 * runtime.config.tokens_per_image
+    length = int(mask.sum())
+    assert len(ids) == runtime.config.tokenizer_max_length and mask[:length].all() and not mask[length:].any()
+    assert int((ids[mask] == 151655).sum()) == 2 * runtime.config.tokens_per_image
     assert np.array_equal(ids, policy.prompt_tokens('pick up the red cube', None)[0]), 'formalised task'
     with pytest.raises(ObservationError) as error:
         policy.prompt_tokens('cube ' * 600, None)
@@ -196,7 +202,7 @@ def test_the_prompt_is_the_chat_template_with_every_cameras_image_tokens(runtime
 def test_an_unformalised_task_cannot_smuggle_image_tokens(tmp_path):
     policy = GrootFamily.load(write_tiny_groot(tmp_path / 'raw', 'flat', formalize_language=False), CPU,
                               torch.float32)
-    assert not np.array_equal(policy.prompt_tokens(TASK, None)[0], policy.prompt_tokens(TASK.lower(), None)[0])
+    assert not np.array_equal(real_tokens(policy, TASK), real_tokens(policy, TASK.lower()))
     with pytest.raises(ObservationError, match='special token'):
         policy.prompt_tokens('grab <|image_pad|> now', None)
 
@@ -210,7 +216,7 @@ def test_the_chat_template_may_come_from_chat_template_jinja(tmp_path, tiny):
     (copy / 'tokenizer_config.json').write_text(json.dumps(config))
     policy = GrootFamily.load(tiny, CPU, torch.float32, tokenizer_path=copy)
     reference = GrootFamily.load(tiny, CPU, torch.float32)
-    assert np.array_equal(policy.prompt_tokens(TASK, None)[0], reference.prompt_tokens(TASK, None)[0])
+    assert np.array_equal(real_tokens(policy, TASK), real_tokens(reference, TASK))
     (copy / 'chat_template.jinja').unlink()
     with pytest.raises(TokenizerError, match='no chat template'):
         GrootFamily.load(tiny, CPU, torch.float32, tokenizer_path=copy)
@@ -244,40 +250,44 @@ def test_a_hit_never_writes_the_entry_and_the_entry_is_analytic(runtime):
     runtime.cache.clear()
     runtime.infer(observation(), seed=1)
     entry = runtime.cache.get(runtime.prefix_key(observation()))
-    before = {name: tensor.clone() for name, tensor in [('kv', entry.kv), ('pad', entry.pad_mask),
-                                                        *entry.extra.items()]}
+    before = {name: tensor.clone() for name, tensor in entry.items()}
     runtime.infer(observation(state=np.ones(5)), seed=3, prev_chunk_left_over=leftover(), inference_delay=2,
-                  rtc=RTCSettings())
-    after = {name: tensor for name, tensor in [('kv', entry.kv), ('pad', entry.pad_mask), *entry.extra.items()]}
-    assert all(torch.equal(before[name], after[name]) for name in before)
-    # Padded to the longest prompt, an entry holds exactly the analytic bytes.
-    policy, config = runtime.policy, runtime.config
-    images, tokens, valid = prefix_inputs(policy, config.tokenizer_max_length)
-    context = policy.fill_prefix(images, torch.ones(1, 2, dtype=torch.bool), tokens, valid)
+                  rtc=RTCSettings(mode='inpainting'))
+    assert all(torch.equal(before[name], entry[name]) for name in before)
+    # Three sequences, each with its own mask: the prompt bucket, its text subset, the image tokens.
+    config = runtime.config
+    assert dict(entry.masks) == {'prefix': 'token_mask', 'text': 'text_mask', 'image': 'image_mask'}
+    bucket = runtime.prompt_buckets[0]
+    assert entry.prefix_len == bucket and entry['text_kv'].shape[-2] == bucket - config.image_tokens
+    assert entry['token_mask'].sum() == entry['text_mask'].sum() + config.image_tokens
+    # At the longest bucket an entry holds exactly the analytic bytes.
+    context = policy_context(runtime.policy, config.tokenizer_max_length)
     assert context.nbytes == config.cache_entry_bytes(4)
     assert entry.nbytes < config.cache_entry_bytes(4)
 
 
-def prefix_inputs(policy, length):
-    from vla_policy_node.policy.preprocess import image_to_unit_tensor
+def policy_context(policy, bucket, task=TASK):
+    """The context of the fixture frames and ``task`` with the prompt fitted to ``bucket`` (as the runtime does)."""
     inputs = fixture_inputs()
-    images = torch.stack([policy.image_to_model(image_to_unit_tensor(inputs[f'frame.{n}'], CPU))
-                          for n in policy.config.camera_names])[None]
-    ids, mask = policy.prompt_tokens(TASK, None)
-    tokens, valid = np.full(length, 151643), np.zeros(length, bool)
-    tokens[:len(ids)], valid[:len(ids)] = ids, True
-    return images, torch.from_numpy(tokens)[None], torch.from_numpy(valid)[None]
+    ids, mask = policy.prompt_tokens(task, None)
+    frames = [(name, inputs[f'frame.{name}']) for name in policy.config.camera_names]
+    return policy.fill_prefix(*policy.prefix_inputs(frames, ids[:bucket], mask[:bucket]))
 
 
-def test_right_padding_changes_the_actions_by_rounding_only(runtime):
+def test_prompt_buckets_pad_the_text_keys_exactly_and_the_backbone_sees_the_prompt_alone(runtime):
+    """The prompt runs through the backbone at its own length in every bucket (features equal bit for bit); the
+    text K/V padded to a larger bucket with a False mask change the actions by rounding only."""
     policy = runtime.policy
     noise = torch.from_numpy(fixture_inputs()['noise'])
     state = torch.zeros(1, runtime.config.max_state_dim)
-    results = []
-    for length in (len(policy.prompt_tokens(TASK, None)[0]), runtime.config.tokenizer_max_length):
-        images, tokens, valid = prefix_inputs(policy, length)
-        context = policy.fill_prefix(images, torch.ones(1, 2, dtype=torch.bool), tokens, valid)
-        results.append(policy.denoise(context, state, noise, 4))
+    small, large = runtime.prompt_buckets[0], runtime.config.tokenizer_max_length
+    contexts = [policy_context(policy, bucket) for bucket in (small, large)]
+    length = int(contexts[0]['token_mask'].sum())
+    text = length - runtime.config.image_tokens
+    assert torch.equal(contexts[0]['features'][:, :length], contexts[1]['features'][:, :length])
+    assert not contexts[1]['features'][:, length:].any() and not contexts[1]['text_mask'][:, text:].any()
+    assert torch.equal(contexts[0]['text_kv'][..., :text, :], contexts[1]['text_kv'][..., :text, :])
+    results = [policy.denoise(context, state, noise, 4) for context in contexts]
     assert (results[0] - noise).abs().max() > 0.1
     assert (results[0] - results[1]).abs().max() < 1e-5
 
@@ -285,9 +295,11 @@ def test_right_padding_changes_the_actions_by_rounding_only(runtime):
 def test_the_real_shapes_entry_is_analytic():
     config = groot_preset('groot')
     assert config.tokens_per_image == 64 and config.image_resolution == (256, 256)
-    # 8 text and 8 image blocks' K/V (1536 wide, bf16) + the 2048-wide fp32 features, at the longest prompt.
+    # 8 text and 8 image blocks' K/V (1536 wide, bf16) + the 2048-wide fp32 features, at the longest prompt; the
+    # three masks (prompt, text subset, image tokens).
     text, images = config.prefix_len - 128, 128
-    assert config.kv_entry_bytes(2) == 8 * 2 * (text + images) * 1536 * 2 + config.prefix_len * (2048 * 4 + 1)
+    assert config.kv_entry_bytes(2) == 8 * 2 * (text + images) * 1536 * 2 + config.prefix_len * 2048 * 4
+    assert config.cache_entry_bytes(2) == config.kv_entry_bytes(2) + 2 * config.prefix_len
 
 
 # ---- the loop: RTC and capture ---------------------------------------------------------------------------------
@@ -310,38 +322,37 @@ class ForbidWhatACaptureForbids(TorchDispatchMode):
 
 def test_the_prefix_and_the_euler_loop_are_capture_safe_and_the_stand_in_bites(runtime):
     policy = runtime.policy
-    images, tokens, valid = prefix_inputs(policy, 60)
-    context = policy.fill_prefix(images, torch.ones(1, 2, dtype=torch.bool), tokens, valid)
+    inputs = policy.prefix_inputs([(name, fixture_inputs()[f'frame.{name}']) for name in policy.config.camera_names],
+                                  *[part[:60] for part in policy.prompt_tokens(TASK, None)])
+    context = policy.fill_prefix(*inputs)
     with ForbidWhatACaptureForbids():        # the second fill: the ViT's grid tables are made by the first
-        again = policy.fill_prefix(images, torch.ones(1, 2, dtype=torch.bool), tokens, valid)
-    assert torch.equal(again.kv, context.kv) and torch.equal(again.extra['image_kv'], context.extra['image_kv'])
+        again = policy.fill_prefix(*inputs)
+    assert all(torch.equal(again[name], context[name]) for name in context)
     noise = torch.from_numpy(fixture_inputs()['noise'])
     state = torch.zeros(1, runtime.config.max_state_dim)
     chunk = policy.chunk_setup(context, state, noise, 4, prev_chunk_left_over=torch.from_numpy(leftover()),
-                               inference_delay=2, rtc=RTCSettings())
+                               inference_delay=2, rtc=RTCSettings(mode='inpainting'))
     expected = policy.euler_loop(chunk)
     with ForbidWhatACaptureForbids():
         got = policy.euler_loop(chunk)
     assert torch.equal(got, expected)
     with pytest.raises(RuntimeError, match='not allowed under capture'), ForbidWhatACaptureForbids():
         policy.chunk_setup(context, state, noise, 4, prev_chunk_left_over=torch.from_numpy(leftover()),
-                           rtc=RTCSettings())                     # the leftover's padding rows: a host sync
+                           rtc=RTCSettings(mode='inpainting'))          # the leftover's padding rows: a host sync
 
 
 def test_the_static_workspace_gives_the_plain_actions_and_never_writes_the_entry(runtime):
     policy = runtime.policy
     fast = StaticDenoiser(policy, family_name='groot', graphs=False)
     from vla_policy_node.fast_path import EntryToken
-    contexts = []
-    for length in (50, 60):
-        images, tokens, valid = prefix_inputs(policy, length)
-        contexts.append(policy.fill_prefix(images, torch.ones(1, 2, dtype=torch.bool), tokens, valid))
+    contexts = [policy_context(policy, bucket) for bucket in runtime.prompt_buckets[:2]]
     noise, state = torch.from_numpy(fixture_inputs()['noise']), torch.zeros(1, runtime.config.max_state_dim)
     for index, context in enumerate(contexts + contexts):
         expected = policy.denoise(context, state, noise, 4)
-        kv = context.kv.clone()
+        kv = context['text_kv'].clone()
         got = fast.denoise(context, EntryToken(str(index % 2), index % 2), state, noise, 4)
-        assert torch.equal(got, expected) and torch.equal(context.kv, kv)
+        assert torch.equal(got, expected) and torch.equal(context['text_kv'], kv)
+    assert len(fast.workspaces) == 2
 
 
 # ---- the writer --------------------------------------------------------------------------------------------------

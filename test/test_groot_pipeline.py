@@ -60,7 +60,7 @@ def rtc_arguments(case: str):
         return {}
     delay, horizon = spec['rtc']
     return dict(prev_chunk_left_over=leftover(), inference_delay=delay, execution_horizon=horizon,
-                rtc=RTCSettings())
+                rtc=RTCSettings(mode='auto'))
 
 
 def run(runtime: PolicyRuntime, inputs, **extra):
@@ -74,12 +74,13 @@ def stages(runtime: PolicyRuntime, inputs):
     images = torch.stack([policy.image_to_model(image_to_unit_tensor(inputs[f'frame.{n}'], CPU))
                           for n in cfg.camera_names])
     pixels = patchify(images, cfg.geometry)
-    tokens, valid = torch.from_numpy(ids)[None], torch.from_numpy(mask)[None]
+    tokens, valid = torch.from_numpy(ids[mask])[None], torch.from_numpy(mask[mask])[None]
     with torch.no_grad(), policy.model._autocast():
         backbone = policy.model.backbone_features(images[None], tokens, valid)[0]
-    context = policy.fill_prefix(images[None], torch.ones(1, len(cfg.camera_names), dtype=torch.bool), tokens, valid)
-    return {'input_ids': ids[None], 'pixels': np.round(pixels.reshape(-1, pixels.shape[-1]).numpy() * 127.5 + 127.5),
-            'backbone': backbone.float().numpy(), 'processed': context.extra['features'].numpy()}
+    context = policy.fill_prefix(images[None], tokens, valid)
+    return {'input_ids': ids[mask][None],
+            'pixels': np.round(pixels.reshape(-1, pixels.shape[-1]).numpy() * 127.5 + 127.5),
+            'backbone': backbone.float().numpy(), 'processed': context['features'].numpy()}
 
 
 @pytest.mark.parametrize('case', FP32_CASES)

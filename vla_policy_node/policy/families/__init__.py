@@ -26,6 +26,7 @@ FAMILIES: Dict[str, str] = {
     'pi0': 'vla_policy_node.policy.families.pi0.adapter:Pi0Family',
     'pi05': 'vla_policy_node.policy.families.pi05.adapter:Pi05Family',
     'smolvla': 'vla_policy_node.policy.families.smolvla.adapter:SmolVLAFamily',
+    'groot': 'vla_policy_node.policy.families.groot.adapter:GrootFamily',
 }
 # The family of the embedded checkpoints (builtin:demo, builtin:tiny) and the default of the tools that
 # write a random-weight checkpoint (vla_policy_make_checkpoint, the demo's comparison model).

@@ -334,17 +334,18 @@ class GrootConfig(PolicyLevelConfig):
         return self.head.dit.cross_blocks
 
     def kv_entry_bytes(self, dtype_bytes: int) -> int:
-        """One cache entry at the longest prompt, every tensor but the pad mask (model.py's PrefixContext): each
-        cross block's K/V over its token subset (the compute dtype), the processed features (fp32: vlln and
-        vl_self_attention keep the residual stream fp32 under autocast) and the prompt's token mask."""
+        """One cache entry at the longest prompt bucket, every tensor but its masks (model.py's context): each cross
+        block's K/V over its token subset (the compute dtype; the text subset padded to the bucket) and the
+        processed features (fp32: vlln and vl_self_attention keep the residual stream fp32 under autocast)."""
         head, prefix = self.head, self.prefix_len
         text_tokens = prefix - self.image_tokens
         cross = 0
         for index in self.cross_blocks:
             tokens = text_tokens if head.dit.attends_text(index) else self.image_tokens
             cross += 2 * tokens * head.dit.width * dtype_bytes
-        return cross + prefix * head.backbone_embedding_dim * 4 + prefix
+        return cross + prefix * head.backbone_embedding_dim * 4
 
     def cache_entry_bytes(self, dtype_bytes: int) -> int:
-        """kv_entry_bytes and the pad mask: which of the text blocks' keys are real [1, P - image tokens]."""
-        return self.kv_entry_bytes(dtype_bytes) + self.prefix_len - self.image_tokens
+        """kv_entry_bytes and the three bool masks: the prompt's [1, P], the text subset's [1, P - I] and the
+        image tokens' [1, I]."""
+        return self.kv_entry_bytes(dtype_bytes) + 2 * self.prefix_len

@@ -46,6 +46,9 @@ EMBED_KEY = 'backbone.model.model.language_model.embed_tokens.weight'
 LM_HEAD_KEY = 'backbone.model.lm_head.weight'
 FINAL_NORM_KEY = 'backbone.model.model.language_model.norm.weight'
 BASE_PROCESSOR_CONFIG = 'processor_config.json'
+# Where the node also looks for the processor folder (the doctor's fetch command writes there), as for the other
+# families' tokenizer/.
+TOKENIZER_SUBFOLDER = 'tokenizer'
 # lerobot saves the policy with safetensors' save_model: the tied embedding is kept once, under the lm_head's name.
 WEIGHT_KEYS = WeightKeys(renames=((r'^_groot_model\.', ''),),
                          known_unused=lambda key: key in (LM_HEAD_KEY, FINAL_NORM_KEY),
@@ -124,15 +127,25 @@ def backbone_config(model_name: str) -> Qwen3VLBackbone:
     return Qwen3VLBackbone.from_hf_config(read_json_file(folder / CONFIG_FILE), str(folder / CONFIG_FILE))
 
 
-def processor_folder(processors: GrootProcessors, tokenizer_path: Optional[Path]) -> Path:
-    """The backbone's processor folder: ``tokenizer_path``, else the VLM-encode step's model_name on disk."""
-    if tokenizer_path is not None:
-        path = Path(tokenizer_path)
-        return path if path.is_dir() else path.parent
+def find_processor_folder(folder: Path, processors: GrootProcessors) -> Optional[Path]:
+    """The VLM-encode step's model_name as a folder on disk (a path, or a Hub id in the Hugging Face cache), else
+    <folder>/tokenizer/ when it holds a tokenizer.json (where the doctor's fetch command puts the files); None."""
+    try:
+        return local_folder(processors.tokenizer_name, '', '', '')
+    except ConfigError:
+        pass
+    local = Path(folder) / TOKENIZER_SUBFOLDER
+    return local if (local / HF_TOKENIZER_FILE).is_file() else None
+
+
+def processor_folder_problem(folder: Path, processors: GrootProcessors) -> str:
+    """Why no processor folder was found: where it was looked for, and the fetch."""
     name = processors.tokenizer_name
-    return local_folder(name, f'{ENCODE_STEP} model_name', f'{name} is a gated repository: accept its licence on '
-                        f'huggingface.co, then `hf download {name} tokenizer.json tokenizer_config.json '
-                        f'preprocessor_config.json`', 'pass that folder as tokenizer_path')
+    return (f'the {ENCODE_STEP} model_name {name!r} is not a folder on this machine nor in the Hugging Face cache '
+            f'({hub_cache()}), and {Path(folder) / TOKENIZER_SUBFOLDER} holds no {HF_TOKENIZER_FILE}; nothing is '
+            f'downloaded. {name} is the backbone\'s processor folder (tokenizer.json, tokenizer_config.json with the '
+            'chat template, preprocessor_config.json); for a gated repository accept its licence on huggingface.co, '
+            f'fetch it into {Path(folder) / TOKENIZER_SUBFOLDER}, or pass that folder as tokenizer_path')
 
 
 def image_processor_settings(folder: Optional[Path]) -> Dict[str, Any]:

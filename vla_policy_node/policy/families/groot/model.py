@@ -12,19 +12,26 @@ lerobot (``policies/groot/groot_n1_7.py`` GR00TN17.get_action at huggingface/ler
 The backbone inputs come from the frames and the task only, and the state reaches only the state token, so this
 module splits the call in three:
 
-    fill_prefix   ViT + text model + vlln + vl_self_attention, and every cross block's K/V over the token subset
-                  it reads (text blocks: the non-image tokens, image blocks: the image tokens), once per
-                  observation -> PrefixContext: kv = the text blocks' K/V [C_text, 2, B, heads, P_text, Dh],
-                  pad_mask = which of those text tokens are real [B, P_text], extra = the image blocks' K/V
-                  (``image_kv``), the processed features (``features`` [B, P, W], fp32) and the prompt's
-                  token mask (``token_mask`` [B, P])
-    chunk_setup   per chunk: the state token, every step's time terms (the DiT's AdaLN and output modulations,
-                  the action encoder's time encoding), the position embedding rows, GR00T's RTC inpainting
+    fill_prefix   ViT + text model + vlln + vl_self_attention at the prompt's own length, and every cross block's
+                  K/V over the token subset it reads (text blocks: the non-image tokens, image blocks: the image
+                  tokens), once per observation -> a PrefixContext of three token sequences, each with its mask:
+                    prefix   ``features`` [B, P, W] fp32 (the processed features) and ``token_mask`` [B, P]
+                    text     ``text_kv`` [C_text, 2, B, heads, P - I, Dh] and ``text_mask`` [B, P - I]
+                    image    ``image_kv`` [C_img, 2, B, heads, I, Dh] and ``image_mask`` [B, I] (all True)
+                  P is the prompt bucket (the runtime's prompt_buckets): the prompt's own tokens, then masked zeros
+    chunk_setup   per chunk: the state token, the RTC guide (GR00T's inpainting, ``rtc_guide``); the time terms
+                  (the DiT's AdaLN and output modulations, the action encoder's time encoding) and the position
+                  rows depend on the step count alone and are made once per step count (``time_table``)
     euler_loop    the N steps from the chunk's tensors alone (no host synchronisation: capturable)
 
+Why the prompt runs at its own length but the cross K/V are padded: lerobot's vl_self_attention attends over every
+token of its unpadded batch of one, unmasked, so the backbone and the self-attention run on the prompt's real tokens
+only (the prefix's shape follows the instruction: ``capturable_prefix`` is False). Everything after them is exact
+under padding: the DiT's cross-attention masks its keys, so the text K/V padded to the bucket with a False mask give
+the same attention, and the denoise has one shape per bucket (the fast path's static workspace and graphs).
+
 lerobot recomputes the cross K/V over every token at every step and masks; the gathered K/V attend to exactly
-the tokens its mask lets through. Right-padded prompts are supported (masked as keys everywhere, also in
-vl_self_attention, which lerobot runs unmasked on its unpadded batch of one).
+the tokens its mask lets through.
 
 Precision (``set_compute_dtype``): parameters are always fp32 (lerobot's model_params_fp32). float32 is lerobot
 with autocast off; bfloat16 runs every call under ``torch.autocast(bfloat16)``, lerobot's inference recipe
@@ -34,13 +41,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ....cache.context import PrefixContext
-from ...family import PolicyModel, WorkspaceSpec, check_chunk_inputs, check_prefix_inputs
+from ....cache.context import PREFIX, ContextAxes, PrefixContext
+from ...family import PolicyModel, WorkspaceSpec
 from ...layers import PackedLinears
 from ...rtc import RTCSettings
 from .config import GrootConfig
@@ -48,11 +56,17 @@ from .dit import (AlternateVLDiT, CategorySpecificMLP, MultiEmbodimentActionEnco
                   action_time_sinusoid)
 from .images import patchify
 from .qwen3vl import Qwen3Backbone, mrope_positions
-from .transforms import inpainting
+from .transforms import Inpainting, inpainting
 
-IMAGE_KV = 'image_kv'
-FEATURES = 'features'
-TOKEN_MASK = 'token_mask'
+FEATURES, TOKEN_MASK = 'features', 'token_mask'
+TEXT_KV, TEXT_MASK, TEXT = 'text_kv', 'text_mask', 'text'
+IMAGE_KV, IMAGE_MASK, IMAGE = 'image_kv', 'image_mask', 'image'
+# [C, 2, B, heads, T, Dh]: cross block, (key, value), batch, heads, the sequence's tokens, head dim.
+TEXT_KV_AXES = ContextAxes(batch=2, tokens=4, sequence=TEXT)
+IMAGE_KV_AXES = ContextAxes(batch=2, tokens=4, sequence=IMAGE)
+CONTEXT_AXES = {FEATURES: ContextAxes(0, 1, PREFIX), TOKEN_MASK: ContextAxes(0, 1, PREFIX), TEXT_KV: TEXT_KV_AXES,
+                TEXT_MASK: ContextAxes(0, 1, TEXT), IMAGE_KV: IMAGE_KV_AXES, IMAGE_MASK: ContextAxes(0, 1, IMAGE)}
+CONTEXT_MASKS = {PREFIX: TOKEN_MASK, TEXT: TEXT_MASK, IMAGE: IMAGE_MASK}
 
 
 class GrootActionHead(nn.Module):
@@ -75,27 +89,47 @@ class GrootActionHead(nn.Module):
             self.position_embedding = nn.Embedding(head.max_seq_len, head.input_embedding_dim)
 
 
+class GrootPrefixInputs(NamedTuple):
+    """What fill_prefix takes (``GrootFamily.prefix_inputs``): images [B, N, 3, h, w] normalised (each camera
+    through images.frame_to_model on its own), tokens [B, L] (the prompt's own tokens, image tokens expanded) and
+    token_mask [B, P >= L] (True: a real token among the first L; P: the prompt bucket)."""
+
+    images: torch.Tensor
+    tokens: torch.Tensor
+    token_mask: torch.Tensor
+
+
+@dataclass
+class TimeTable:
+    """What depends on the step count alone (weights and N), made once per step count and reused by every chunk:
+    block_terms [N, L, 1, 2W] and out_terms [N, 1, 2W] (the DiT's AdaLN and output modulations per step),
+    time_encoding [N, 1, 1, D] (the action encoder's sin-cos of each step's bucket), positions [1, H, D] (the
+    action tokens' position rows; zeros without add_pos_embed)."""
+
+    block_terms: torch.Tensor
+    out_terms: torch.Tensor
+    time_encoding: torch.Tensor
+    positions: torch.Tensor
+
+
 @dataclass
 class GrootChunk:
     """One chunk's fixed inputs to the Euler loop (fast_path.py treats them as a graph's static inputs).
 
-    text_kv [C_text, 2, B, heads, P_text, Dh], image_kv [C_img, 2, B, heads, P_img, Dh]: the cross K/V (the
-    workspace); text_mask [B, 1, 1, P_text] bool; embodiment: the id every row uses; state_tokens [B, 1, D]; block_terms
-    [N, L, 1, 2D] and out_terms [N, 1, 2D]: the DiT's modulations per step; time_encoding [N, 1, 1, D];
-    positions [1, H, D] (zeros without add_pos_embed); x0 [B, H, A] fp32; velocity_scale [B, H, A] fp32.
+    text_kv [C_text, 2, B, heads, T, Dh], image_kv [C_img, 2, B, heads, I, Dh]: the cross K/V (the workspace);
+    text_mask [B, 1, 1, T] bool; embodiment: the id every row uses (one GEMM over the rows) or [B] int64 (per row);
+    state_tokens [B, 1, D]; the step count's TimeTable; noise [B, H, A] fp32; guide: GR00T's inpainting
+    (transforms.Inpainting, batch-first) or None.
     """
 
     text_kv: torch.Tensor
     image_kv: torch.Tensor
     text_mask: torch.Tensor
-    embodiment: int
+    embodiment: Union[int, torch.Tensor]
     state_tokens: torch.Tensor
-    block_terms: torch.Tensor
-    out_terms: torch.Tensor
-    time_encoding: torch.Tensor
-    positions: torch.Tensor
-    x0: torch.Tensor
-    velocity_scale: torch.Tensor
+    times: TimeTable
+    noise: torch.Tensor
+    guide: Optional[Inpainting]
     num_steps: int
 
 
@@ -109,6 +143,7 @@ class GrootModel(PolicyModel):
         self.action_head = GrootActionHead(config)
         self.compute_dtype = torch.float32
         self._tables: Dict[tuple, tuple] = {}
+        self._time_tables: Dict[tuple, TimeTable] = {}
 
     # ---- precision and device -----------------------------------------------------------------------------
     def param_dtype(self, name: str, compute_dtype: torch.dtype) -> torch.dtype:
@@ -122,6 +157,11 @@ class GrootModel(PolicyModel):
     @property
     def device(self) -> torch.device:
         return self.action_head.action_decoder.layer2.W.device
+
+    @property
+    def action_expert(self) -> nn.Module:
+        """The action head: the DiT, the state / action encoders and the decoder every step runs."""
+        return self.action_head
 
     def _autocast(self):
         """lerobot's inference autocast (bf16 over fp32 weights) or nothing (fp32). No weight-cast cache, so a
@@ -141,22 +181,27 @@ class GrootModel(PolicyModel):
 
     # ---- prefix (cache miss) ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def fill_prefix(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
-                    token_masks: torch.Tensor) -> PrefixContext:
-        """images [B, N, 3, h, w] normalised (images.frame_to_model); image_masks [B, N] (all True: GR00T has no
-        empty cameras); tokens, token_masks [B, L]: the prompt with its image tokens, right-padded."""
-        check_prefix_inputs(self.config, images, image_masks, tokens, token_masks)
-        valid = token_masks.bool()
+    def fill_prefix(self, images: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor) -> PrefixContext:
+        """GrootPrefixInputs -> the context (module docstring): the backbone over the L tokens, every sequence
+        padded to the bucket P with masked zeros."""
+        check_groot_inputs(self.config, images, tokens, token_mask)
+        length, bucket = tokens.shape[1], token_mask.shape[1]
+        valid = token_mask[:, :length].bool()
         with self._autocast():
             features, image_index, text_index = self.backbone_features(images, tokens, valid)
             head = self.action_head
             features = head.vlln(features)
             if head.vl_self_attention is not None:
                 features = head.vl_self_attention(features, valid[:, None, None, :])
-            text_mask = torch.gather(valid, 1, text_index)
             text_kv, image_kv = self._cross_kv(features, text_index, image_index)
-        return PrefixContext(kv=text_kv, pad_mask=text_mask,
-                             extra={IMAGE_KV: image_kv, FEATURES: features.float(), TOKEN_MASK: valid})
+        text_mask = torch.gather(valid, 1, text_index)
+        pad = bucket - length
+        image_tokens = image_index.shape[1]
+        tensors = {FEATURES: F.pad(features.float(), (0, 0, 0, pad)), TOKEN_MASK: F.pad(valid, (0, pad)),
+                   TEXT_KV: F.pad(text_kv, (0, 0, 0, pad)), TEXT_MASK: F.pad(text_mask, (0, pad)),
+                   IMAGE_KV: image_kv, IMAGE_MASK: valid.new_ones(valid.shape[0], image_tokens)}
+        return PrefixContext(tensors, CONTEXT_AXES, batch_size=valid.shape[0], prefix_len=bucket,
+                             masks=CONTEXT_MASKS)
 
     def backbone_features(self, images: torch.Tensor, tokens: torch.Tensor,
                           valid: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,68 +248,87 @@ class GrootModel(PolicyModel):
             else:
                 batch, tokens = subsets[reads_text].shape[:2]
                 size = dit.size
-                out.append(features.new_zeros(0, 2, batch, size.num_heads, tokens, size.head_dim))
+                dtype = torch.float32 if self.compute_dtype == torch.float32 else self.compute_dtype
+                out.append(features.new_zeros(0, 2, batch, size.num_heads, tokens, size.head_dim, dtype=dtype))
         return out[0], out[1]
 
     # ---- per chunk -------------------------------------------------------------------------------------------
     def workspace_spec(self, context: PrefixContext) -> WorkspaceSpec:
         """The loop reads the cross K/V only, at their own lengths (no suffix is written into them)."""
-        image_kv = context.extra[IMAGE_KV]
-        return ((context.kv, context.kv.shape[-2]), (image_kv, image_kv.shape[-2]))
+        return ((context[TEXT_KV], context[TEXT_KV].shape[-2]), (context[IMAGE_KV], context[IMAGE_KV].shape[-2]))
+
+    def rtc_guide(self, prev_chunk_left_over: Optional[torch.Tensor], noise: torch.Tensor, num_steps: int, *,
+                  inference_delay: int, execution_horizon: Optional[int],
+                  rtc: Optional[RTCSettings]) -> Optional[Inpainting]:
+        """GR00T's own real-time chunking (rtc mode 'inpainting', transforms.inpainting): the leftover's rows start
+        the chunk and the velocity ramps in over the overlap; ``execution_horizon``, else ``rtc.execution_horizon``,
+        bounds the overlap. None without ``rtc`` or a leftover (the plain loop)."""
+        if rtc is None:
+            return None
+        horizon = execution_horizon if execution_horizon is not None else rtc.execution_horizon
+        return inpainting(prev_chunk_left_over, noise, inference_delay, horizon, self.config.rtc_ramp_rate)
 
     @torch.no_grad()
     def chunk_setup(self, context: PrefixContext, state: Optional[torch.Tensor], noise: torch.Tensor,
                     num_steps: Optional[int] = None, *, prev_chunk_left_over: Optional[torch.Tensor] = None,
                     inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                    rtc: Optional[RTCSettings] = None,
+                    rtc: Optional[RTCSettings] = None, embodiment: Optional[torch.Tensor] = None,
                     workspace: Optional[Sequence[torch.Tensor]] = None) -> GrootChunk:
-        """Everything fixed for one chunk; ``context`` is only read. RTC: GR00T's inpainting (transforms.py)
-        whenever ``rtc`` is given with a leftover (its mode and schedule are pi-style guidance settings GR00T has
-        no use for; ``execution_horizon``, else ``rtc.execution_horizon``, bounds the overlap)."""
+        """Everything fixed for one chunk; ``context`` is only read (without ``workspace`` the loop reads its cross
+        K/V in place: it never writes them). ``embodiment`` [B]: each row's (None: the checkpoint's)."""
         cfg = self.config
         if state is None or tuple(state.shape) != (context.batch_size, cfg.max_state_dim):
             raise ValueError(f'GR00T needs the normalised state [B, {cfg.max_state_dim}]')
-        steps = check_chunk_inputs(cfg, context, noise, num_steps)
-        spec = self.workspace_spec(context)
-        if workspace is None:
-            buffers = tuple(source for source, _ in spec)          # read in place: the loop never writes them
-        else:
-            buffers = tuple(workspace)
-            if len(buffers) != 2 or any(tuple(b.shape) != tuple(s.shape) for b, (s, _) in zip(buffers, spec)):
-                raise ValueError('workspace must be the two cross K/V buffers of workspace_spec')
-        batch, horizon, _ = noise.shape
-        device = noise.device
-        head = self.action_head
-        buckets = [int(step / float(steps) * cfg.head.num_timestep_buckets) for step in range(steps)]
-        timesteps = torch.tensor(buckets, dtype=torch.long, device=device)
-        width = cfg.head.input_embedding_dim
+        buffers = workspace if workspace is not None else (context[TEXT_KV], context[IMAGE_KV])
+        start = self.start_chunk(context, noise, num_steps, buffers, prev_chunk_left_over=prev_chunk_left_over,
+                                 inference_delay=inference_delay, execution_horizon=execution_horizon, rtc=rtc,
+                                 embodiment=embodiment)
+        category = chunk_category(start.embodiment, cfg.embodiment_id)
+        batch = noise.shape[0]
         with self._autocast():
-            state_tokens = head.state_encoder(state.float().view(batch, 1, -1), cfg.embodiment_id)
-            block_terms, out_terms = head.model.time_terms(timesteps)          # [L, N, 2D], [N, 2D]
-            time_encoding = action_time_sinusoid(timesteps, width)             # [N, D]
+            state_tokens = self.action_head.state_encoder(state.float().view(batch, 1, -1), category)
+        text_kv, image_kv = start.workspace
+        return GrootChunk(text_kv=text_kv, image_kv=image_kv, text_mask=context[TEXT_MASK][:, None, None, :],
+                          embodiment=category, state_tokens=state_tokens,
+                          times=self.time_table(start.num_steps, noise.shape[1], noise.device), noise=start.noise,
+                          guide=start.guide, num_steps=start.num_steps)
+
+    def time_table(self, steps: int, horizon: int, device: torch.device) -> TimeTable:
+        """The TimeTable of ``steps`` Euler steps, made on first use and kept (a few per model: one per step count,
+        horizon, device and dtype); made again when the weights it reads change."""
+        head, cfg = self.action_head, self.config
+        watched = [head.model.timestep_encoder.timestep_embedder.linear_1.weight, head.model.proj_out_1.weight,
+                   *(block.norm1.linear.weight for block in head.model.transformer_blocks)]
         if cfg.head.add_pos_embed:
-            positions = head.position_embedding(torch.arange(horizon, device=device))[None]
-        else:
-            positions = torch.zeros(1, horizon, width, device=device)
-        guide = None
-        if rtc is not None:
-            guide = inpainting(prev_chunk_left_over, noise, inference_delay,
-                               execution_horizon if execution_horizon is not None else rtc.execution_horizon,
-                               cfg.rtc_ramp_rate)
-        x0 = noise.float().clone() if guide is None else guide.x0
-        scale = torch.ones_like(x0) if guide is None else guide.velocity_scale
-        return GrootChunk(text_kv=buffers[0], image_kv=buffers[1], text_mask=context.pad_mask[:, None, None, :],
-                          embodiment=cfg.embodiment_id, state_tokens=state_tokens,
-                          block_terms=block_terms.transpose(0, 1)[:, :, None], out_terms=out_terms[:, None],
-                          time_encoding=time_encoding[:, None, None], positions=positions, x0=x0,
-                          velocity_scale=scale, num_steps=steps)
+            watched.append(head.position_embedding.weight)
+        key = (steps, horizon, str(device), self.compute_dtype,
+               tuple((weight.data_ptr(), weight._version) for weight in watched))
+        table = self._time_tables.get(key)
+        if table is None:
+            buckets = [int(step / float(steps) * cfg.head.num_timestep_buckets) for step in range(steps)]
+            timesteps = torch.tensor(buckets, dtype=torch.long, device=device)
+            width = cfg.head.input_embedding_dim
+            with torch.no_grad(), self._autocast():
+                block_terms, out_terms = head.model.time_terms(timesteps)          # [L, N, 2D], [N, 2D]
+                time_encoding = action_time_sinusoid(timesteps, width)             # [N, D]
+                if cfg.head.add_pos_embed:
+                    positions = head.position_embedding(torch.arange(horizon, device=device))[None]
+                else:
+                    positions = torch.zeros(1, horizon, width, device=device)
+            table = TimeTable(block_terms=block_terms.transpose(0, 1)[:, :, None], out_terms=out_terms[:, None],
+                              time_encoding=time_encoding[:, None, None], positions=positions)
+            if len(self._time_tables) >= 8:
+                self._time_tables.clear()
+            self._time_tables[key] = table
+        return table
 
     # ---- per step --------------------------------------------------------------------------------------------
     @torch.no_grad()
     def euler_loop(self, chunk: GrootChunk) -> torch.Tensor:
-        """x <- x + (1 / N) * v(x, t_i) * velocity_scale for i = 0 .. N - 1 -> [B, H, A] fp32."""
+        """x <- x + (1 / N) * v(x, t_i) (* the guide's velocity scale) for i = 0 .. N - 1 -> [B, H, A] fp32."""
         head = self.action_head
-        x = chunk.x0
+        guide, times = chunk.guide, chunk.times
+        x = chunk.noise if guide is None else torch.where(guide.keep, guide.target, chunk.noise)
         batch, horizon, _ = x.shape
         dt = 1.0 / chunk.num_steps
         # Each cross block's K/V (its slot in the text or the image stack) and key mask (image tokens are all real).
@@ -277,12 +341,14 @@ class GrootModel(PolicyModel):
             masks.append(chunk.text_mask if reads_text else None)
         with self._autocast(), self._packer(batch * (1 + horizon), x.device):
             for step in range(chunk.num_steps):
-                time = chunk.time_encoding[step].expand(batch, horizon, -1)
-                tokens = head.action_encoder(x, time, chunk.embodiment) + chunk.positions
+                time = times.time_encoding[step].expand(batch, horizon, -1)
+                tokens = head.action_encoder(x, time, chunk.embodiment) + times.positions
                 tokens = torch.cat([chunk.state_tokens, tokens], dim=1)
-                out = head.model(tokens, chunk.block_terms[step], chunk.out_terms[step], tuple(cross_kv), tuple(masks))
+                out = head.model(tokens, times.block_terms[step], times.out_terms[step], tuple(cross_kv),
+                                 tuple(masks))
                 velocity = head.action_decoder(out, chunk.embodiment)
-                x = x + dt * velocity[:, -horizon:] * chunk.velocity_scale
+                update = dt * velocity[:, -horizon:]
+                x = x + (update if guide is None else update * guide.velocity_scale)
         return x.float()
 
     def _packer(self, rows: int, device: torch.device):
@@ -294,3 +360,27 @@ class GrootModel(PolicyModel):
         if packer is None or packer.rows != rows:
             packer = self._packed_linears = PackedLinears(rows)
         return packer
+
+
+def chunk_category(embodiment: Optional[torch.Tensor], default: int) -> Union[int, torch.Tensor]:
+    """The embodiment the chunk's rows run as: one id for every row (its weight slices are views: one GEMM over
+    the rows, as lerobot's per-row slices compute), else the ids [B] (per-row weights)."""
+    if embodiment is None:
+        return int(default)
+    ids = embodiment.tolist()
+    return int(ids[0]) if len(set(ids)) == 1 else embodiment
+
+
+def check_groot_inputs(config: GrootConfig, images: torch.Tensor, tokens: torch.Tensor,
+                       token_mask: torch.Tensor) -> None:
+    """GrootPrefixInputs against the config: one image per camera at the model size, L <= P <= the longest
+    prompt, one batch."""
+    cameras = len(config.camera_names)
+    height, width = config.image_resolution
+    if images.dim() != 5 or tuple(images.shape[1:]) != (cameras, 3, height, width):
+        raise ValueError(f'images must be [B, {cameras}, 3, {height}, {width}], got {tuple(images.shape)}')
+    batch = images.shape[0]
+    if tokens.dim() != 2 or token_mask.dim() != 2 or tokens.shape[0] != batch or token_mask.shape[0] != batch \
+            or not config.image_tokens < tokens.shape[1] <= token_mask.shape[1] <= config.tokenizer_max_length:
+        raise ValueError(f'tokens [B, L] and token_mask [B, P] need {config.image_tokens} < L <= P <= '
+                         f'{config.tokenizer_max_length}, got {tuple(tokens.shape)} and {tuple(token_mask.shape)}')

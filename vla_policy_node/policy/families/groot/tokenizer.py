@@ -33,6 +33,8 @@ from .tiny_tokenizer import TOKENIZER_CONFIG_FILE
 
 DEFAULT_TASK = 'Perform the task.'
 IMAGE_PAD = '<|image_pad|>'
+# The id a prompt is right-padded with (Qwen's <|endoftext|>, its pad token): masked, never embedded.
+PROMPT_PAD_ID = 151643
 CHAT_TEMPLATE_FILES = ('chat_template.jinja', 'chat_template.json')
 
 

@@ -127,13 +127,14 @@ class ActionDecoder:
 
 @dataclass
 class Inpainting:
-    """GR00T's RTC for one chunk: the start x0 (noise with the leftover's last ``overlap`` rows in front) and the
-    per-row velocity scale (0 for the frozen rows, the exponential ramp over the rest of the overlap, then 1)."""
+    """GR00T's RTC for one chunk (rtc mode 'inpainting'), batch-first so that several robots' guides stack by row
+    (policy/rtc.py stack_guides): the chunk starts from ``target`` where ``keep`` (the leftover's last ``overlap``
+    rows in front) and from the noise elsewhere; each step's velocity is scaled by ``velocity_scale`` (0 for the
+    frozen rows, the exponential ramp over the rest of the overlap, then 1)."""
 
-    x0: torch.Tensor                 # [B, H, A] fp32
+    target: torch.Tensor             # [B, H, A] fp32: the leftover's rows, zeros after them
+    keep: torch.Tensor               # [B, H, 1] bool: the rows taken from target
     velocity_scale: torch.Tensor     # [B, H, A] fp32
-    overlap: int
-    frozen: int
 
 
 def inpainting(leftover: Optional[torch.Tensor], noise: torch.Tensor, inference_delay: int,
@@ -143,6 +144,7 @@ def inpainting(leftover: Optional[torch.Tensor], noise: torch.Tensor, inference_
     leftover [T, A'] or [B, T, A'] normalised (the model's space); trailing all-zero rows are padding and dropped
     (lerobot's RTC engine pads short leftovers with them), at most the model horizon of rows is kept (the last),
     widths are cut or zero-padded to the model's. overlap = min(T, execution_horizon), frozen = the delay within it.
+    Eager (it reads the leftover's values): chunk_setup's part, never the captured loop's.
     """
     if leftover is None or leftover.numel() == 0:
         return None
@@ -167,12 +169,13 @@ def inpainting(leftover: Optional[torch.Tensor], noise: torch.Tensor, inference_
     if overlap == 0:
         return None
     frozen = max(0, min(int(inference_delay), overlap))
-    x0 = noise.float().clone()
-    x0[:, :overlap] = prev[:, length - overlap:length]
-    scale = torch.ones_like(x0)
+    target = noise.new_zeros(batch, horizon, width, dtype=torch.float32)
+    target[:, :overlap] = prev[:, length - overlap:length]
+    keep = (torch.arange(horizon, device=noise.device) < overlap)[None, :, None].expand(batch, -1, 1).contiguous()
+    scale = torch.ones_like(target)
     scale[:, :frozen] = 0.0
     ramp_t = torch.linspace(0.0, 1.0, overlap - frozen + 2, device=noise.device)
     ramp = 1 - torch.exp(-ramp_rate * ramp_t)
     ramp = ramp / ramp[-1].clamp_min(1e-8)
     scale[:, frozen:overlap] = ramp[1:-1][None, :, None]
-    return Inpainting(x0=x0, velocity_scale=scale, overlap=overlap, frozen=frozen)
+    return Inpainting(target=target, keep=keep, velocity_scale=scale)
