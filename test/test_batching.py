@@ -1,7 +1,8 @@
 """Batching several robots' chunks in one server: each robot's chunk is its own ``infer``'s, for every family.
 
 runtime/batch.py against PolicyRuntime.infer (fp32 on the CPU): prefixes of different lengths (prompt buckets),
-misses and hits, step counts, seeds, guided and trained RTC leftovers, robots sending identical frames, bad
+misses and hits, step counts, seeds, RTC leftovers in each family's own mode (guided for the pi families, inpainting
+for GR00T: rtc mode "auto") and trained ones, robots sending identical frames, bad
 requests that fail alone; remote/batching.py's queue (batches close when full or when the window ends, the
 bound refuses as busy); and vla_policy_serve's answers over real WebSockets, each connection its own.
 """
@@ -56,10 +57,10 @@ def leftover(cfg, seed, length):
 
 
 def fleet(cfg):
-    """Robots as a fleet sends them: prompts of several lengths, two step counts, guided RTC with leftovers of
-    different lengths, delays and schedules, trained RTC where the checkpoint has it, and a robot whose frames,
-    prompt and state equal another's (only its seed and leftover differ)."""
-    guided = RTCSettings()
+    """Robots as a fleet sends them: prompts of several lengths, two step counts, RTC in the family's own mode with
+    leftovers of different lengths, delays and schedules, trained RTC where the checkpoint has it, and a robot whose
+    frames, prompt and state equal another's (only its seed and leftover differ)."""
+    guided = RTCSettings(mode='auto')              # the family's own first mode
     items = [
         (observation(cfg, 0, 'pick'), dict(seed=1)),
         (observation(cfg, 1, 'pick up the red cube and place it in the box'), dict(seed=2)),
@@ -68,7 +69,8 @@ def fleet(cfg):
         (observation(cfg, 4, 'stack the blocks'), dict(seed=5, prev_actions=leftover(cfg, 4, 4), inference_delay=1,
                                                        rtc=guided)),
         (observation(cfg, 5, 'open the drawer'), dict(seed=6, prev_actions=leftover(cfg, 5, 7), inference_delay=2,
-                                                      rtc=RTCSettings(schedule='exp', execution_horizon=5))),
+                                                      rtc=RTCSettings(mode='auto', schedule='exp',
+                                                                      execution_horizon=5))),
         # robot 6 sends exactly robot 0's observation
         (observation(cfg, 0, 'pick'), dict(seed=7, prev_actions=leftover(cfg, 6, 5), inference_delay=1, rtc=guided)),
     ]

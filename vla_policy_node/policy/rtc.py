@@ -144,6 +144,8 @@ def prepare_guide(prev_chunk_left_over: Optional[torch.Tensor], noise: torch.Ten
     """
     if rtc is None or prev_chunk_left_over is None or prev_chunk_left_over.shape[-2] == 0:
         return None
+    if rtc.mode not in ('guided', 'trained'):
+        raise ValueError(f'rtc mode {rtc.mode!r} is a family\'s own (its rtc_guide), not guided or trained RTC')
     batch, horizon, action_dim = noise.shape
     prev = prev_chunk_left_over.to(device=noise.device, dtype=torch.float32)
     prev = prev[None] if prev.dim() == 2 else prev
