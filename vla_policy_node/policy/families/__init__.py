@@ -20,7 +20,7 @@ import torch
 
 from ..checkpoint import CheckpointError, LoadedCheckpoint, read_config_json
 from ..config_fields import ConfigError
-from ..family import PolicyFamily
+from ..family import FamilyCapabilities, PolicyFamily
 
 FAMILIES: Dict[str, str] = {
     'pi0': 'vla_policy_node.policy.families.pi0.adapter:Pi0Family',
@@ -77,6 +77,12 @@ def load_policy(folder: Union[str, Path], device: torch.device, dtype: torch.dty
                          f'policy family takes {"them" if len(unknown) > 1 else "it"} (their options: '
                          f'{", ".join(family_options()) or "none"})')
     return family.load(folder, device, dtype, Path(tokenizer_path) if tokenizer_path else None, **options)
+
+
+def type_capabilities(type_name: Any) -> Optional[FamilyCapabilities]:
+    """The capabilities of the family a policy type names, or None for a type no family here reads (a remote
+    server's own); imports that family."""
+    return family_class(type_name).capabilities if type_name in FAMILIES else None
 
 
 def family_options() -> Tuple[str, ...]:

@@ -17,7 +17,7 @@ TINY_BACKBONE = Qwen3VLBackbone(
     text=QwenTextSize(width=32, depth=4, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=64, vocab_size=151936,
                       rope_theta=5_000_000.0, mrope_section=(4, 2, 2)))
 TINY_HEAD = GrootHead(model_name='vla_policy_node/tiny-qwen3-vl', select_layer=3, backbone_embedding_dim=32,
-                      hidden_size=24, input_embedding_dim=16, action_horizon=8, max_state_dim=12, max_action_dim=12,
+                      hidden_size=24, input_embedding_dim=16, action_horizon=10, max_state_dim=12, max_action_dim=12,
                       max_num_embodiments=12, max_seq_len=16,
                       dit=DiTSize(num_layers=4, num_heads=2, head_dim=8, output_dim=24),
                       vl_self_attention=SelfAttentionSize(num_layers=2, num_heads=4, head_dim=8))
@@ -31,7 +31,7 @@ def groot_preset(name: str, **overrides: Any) -> GrootConfig:
                         # two of the sample bags' cameras: GR00T has no masked slots, so a tiny checkpoint
                         # names only cameras every test observation sends
                         camera_names=('base_0_rgb', 'left_wrist_0_rgb'),
-                        image_resolution=TINY_GEOMETRY.model_size, chunk_size=8, n_action_steps=8, max_state_dim=12,
+                        image_resolution=TINY_GEOMETRY.model_size, chunk_size=10, n_action_steps=10, max_state_dim=12,
                         max_action_dim=12, num_inference_steps=4, tokenizer_name='vla_policy_node/tiny-qwen3-vl')
         return GrootConfig(**dict(defaults, **overrides))
     if name == 'groot':
