@@ -235,8 +235,11 @@ class RunningServer:
         self._thread.join(30)
 
 
-def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_batch(tmp_path):
-    checkpoint = write_random_checkpoint(tmp_path / 'ckpt', family_class(known_types()[0]).tiny_config())
+@pytest.mark.parametrize('kind', known_types())
+def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_batch(tmp_path, kind):
+    """vla_policy_serve --max-batch 2 over WebSockets, every family: one batch, each robot its own actions (RTC in
+    the family's own mode)."""
+    checkpoint = write_random_checkpoint(tmp_path / 'ckpt', family_class(kind).tiny_config())
     alone = load(checkpoint)
     cfg = alone.config
     # A window far longer than a round: each batch closes as soon as both robots' requests are in it.
@@ -246,9 +249,9 @@ def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_ba
     obs = Observation(images=message['images'], state=message['state'], instruction='pick')
     prev = leftover(cfg, 1, 5)
     requests = [dict(message, seed=11), dict(message, seed=12, prev_actions=prev, inference_delay=1,
-                                             rtc={'mode': 'guided'})]
+                                             rtc={'mode': 'auto'})]
     expected = [alone.infer(obs, seed=11).actions,
-                alone.infer(obs, seed=12, prev_actions=prev, inference_delay=1, rtc=RTCSettings()).actions]
+                alone.infer(obs, seed=12, prev_actions=prev, inference_delay=1, rtc=RTCSettings(mode='auto')).actions]
     replies = [None, None]
     barrier = threading.Barrier(2)
 

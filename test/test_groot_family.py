@@ -157,7 +157,7 @@ def test_hub_ids_not_on_disk_are_refused_naming_the_folder_to_pass(folder, tiny,
                           'groot_n1_7_vlm_encode_v1')['config']['model_name'])
     edit_json(folder / 'policy_preprocessor.json', lambda d: step(d, 'groot_n1_7_vlm_encode_v1')['config']
               .__setitem__('model_name', 'nvidia/Cosmos-Reason2-2B'))
-    with pytest.raises(TokenizerError, match='gated repository.*pass that folder as tokenizer_path'):
+    with pytest.raises(TokenizerError, match=r'gated repository.*fetch it into .*/tokenizer; pass tokenizer_path='):
         GrootFamily.load(folder, CPU, torch.float32)
     assert GrootFamily.load(folder, CPU, torch.float32, tokenizer_path=processor).tokenizer.image_token_id == 151655
 

@@ -110,6 +110,16 @@ def folder_config(folder: Union[str, Path]) -> Any:
     return family.folder_config(folder, raw)
 
 
+def folder_statistics(folder: Union[str, Path]) -> Tuple[Any, Any, Any]:
+    """A folder's family config and its state and action normalisers (``PolicyFamily.folder_normalizers``: the
+    processor files, no weights), for any family; ConfigError / CheckpointError as loading gives them."""
+    folder = Path(folder)
+    family, raw = _folder_family(folder)
+    config = family.folder_config(folder, raw)
+    state, action = family.folder_normalizers(folder, config)
+    return config, state, action
+
+
 def load_checkpoint(folder: Union[str, Path], device: torch.device, compute_dtype: torch.dtype) -> LoadedCheckpoint:
     """Config, model and statistics of a folder, by the family its config.json ``type`` names (no tokenizer)."""
     folder = Path(folder)

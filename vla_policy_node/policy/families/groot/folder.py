@@ -144,8 +144,8 @@ def processor_folder_problem(folder: Path, processors: GrootProcessors) -> str:
     return (f'the {ENCODE_STEP} model_name {name!r} is not a folder on this machine nor in the Hugging Face cache '
             f'({hub_cache()}), and {Path(folder) / TOKENIZER_SUBFOLDER} holds no {HF_TOKENIZER_FILE}; nothing is '
             f'downloaded. {name} is the backbone\'s processor folder (tokenizer.json, tokenizer_config.json with the '
-            'chat template, preprocessor_config.json); for a gated repository accept its licence on huggingface.co, '
-            f'fetch it into {Path(folder) / TOKENIZER_SUBFOLDER}, or pass that folder as tokenizer_path')
+            'chat template, preprocessor_config.json): a gated repository (accept its licence on huggingface.co); '
+            f'fetch it into {Path(folder) / TOKENIZER_SUBFOLDER}')
 
 
 def image_processor_settings(folder: Optional[Path]) -> Dict[str, Any]:
