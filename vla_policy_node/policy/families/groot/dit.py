@@ -266,7 +266,9 @@ class CategorySpecificLinear(nn.Module):
 
     def __init__(self, categories: int, dim_in: int, dim_out: int) -> None:
         super().__init__()
-        self.W = nn.Parameter(0.02 * torch.randn(categories, dim_in, dim_out))
+        # lerobot starts training from 0.02 * randn; a loaded checkpoint replaces it. Scaled by fan-in here, so a
+        # random-weight checkpoint (tests, the demo) carries the state and the actions through to its output.
+        self.W = nn.Parameter(torch.randn(categories, dim_in, dim_out) / math.sqrt(dim_in))
         self.b = nn.Parameter(torch.zeros(categories, dim_out))
 
     def forward(self, x: torch.Tensor, category) -> torch.Tensor:
