@@ -37,25 +37,24 @@ against Cosmos'. lerobot draws its noise inside get_action_with_features; here t
         3.1B) and at the small shape
 
 Figures of runs on 2026-12-05 (2-core shared x86_64 CPU, lerobot 0.6.2 / transformers 5.5.4 / torch 2.11, package
-at issue32-groot; other jobs loaded the machine during the 2-thread runs, the 1-thread ones ran in a quiet
-moment):
+at issue32-groot on the family seam: the text cross K/V padded to the prompt bucket, the DiT's time terms made once
+per step count):
 
-    (f) the fixture folder equals lerobot's own re-save (files, config.json, tensor keys and metadata, both
-        processor files); lerobot loads the package writer's folder (normalised actions within 6.0e-8)
+    (f) --skip-timing: the fixture folder equals lerobot's own re-save (files, config.json, tensor keys and metadata,
+        both processor files); lerobot loads the package writer's folder (normalised actions within 3.6e-7)
     (a) fp32, every case: prompt ids and patches identical, backbone features <= 4.3e-6, processed features
-        <= 1.7e-6, actions <= 6.6e-7 (the state change a hit on our side); reference vs lerobot: 0 (bit for bit)
+        <= 1.7e-6, actions <= 7.2e-7 (the state change a hit on our side); reference vs lerobot: 0 (bit for bit)
     (c) bf16 vs fp32, max abs normalised-action error: tiny lerobot 3.3e-3 / ours 3.3e-3 (ours = lerobot's bf16
         bit for bit); small shape lerobot 4.0e-4 / ours 4.0e-4
-    (b) --only-timing --threads 1 --repeats 3 (quiet machine):
-          small (1.04B): lerobot 3243 ms, ours miss 1583 ms (0.49x), hit 546 ms (0.34x our miss)
-          half  (2.02B): lerobot 7172 ms, ours miss 5232 ms (0.73x), hit 1794 ms (0.34x our miss)
-        --only-timing --threads 2 --repeats 3 (loaded machine: the medians move by 2x between runs):
-          small (1.04B): lerobot 1229 ms, ours miss 715 ms (0.58x), hit 254 ms (0.36x)
-          half  (2.02B): lerobot 12843 ms, ours miss 9254 ms (0.72x), hit 3826 ms (0.41x)
-        The real 3.1B shape does not fit beside lerobot in this machine's 23 GB. A hit is the 4 DiT steps alone,
-        so hit / miss is bounded by their FLOP share (GrootFamily.stage_flops: 0.34 at half, 0.31 at the real
-        shape) and the 41-row GEMMs of the DiT run less efficiently than the prefix's; the miss saves lerobot's
-        language-model head over every token and its cross K/V at every step.
+    (b) --only-timing --threads 1 --repeats 3:
+          small (1.04B): lerobot 2090 ms, ours miss 1159 ms (0.55x), hit 351 ms (0.30x our miss)
+          half  (2.02B): lerobot 5359 ms, ours miss 3812 ms (0.71x), hit 1289 ms (0.34x our miss)
+        The real 3.1B shape does not fit beside lerobot in that machine's 23 GB. A hit is the 4 DiT steps alone
+        (its denoise stage is the whole hit): their FLOP share of a miss is 0.24 at small, 0.27 at half, 0.29 at
+        the real shape (GrootFamily.stage_flops), and their 41-row GEMMs run about a third less efficiently per FLOP
+        than the prefix's. Making the time terms once per step count instead of per chunk saved 1.3% of a hit at
+        half (1332 vs 1350 ms, interleaved A/B of 5 hits); the miss saves lerobot's language-model head over every
+        token and its cross K/V at every step.
 """
 from __future__ import annotations
 
@@ -256,7 +255,8 @@ def check_format(root: Path) -> None:
     rng = np.random.default_rng(5)
     cfg = GrootFamily.tiny_config()
     frames = {n: rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for n in cfg.camera_names}
-    state, noise = rng.normal(size=6).astype(np.float32), rng.normal(size=(1, 8, 12)).astype(np.float32)
+    noise_shape = (1, cfg.chunk_size, cfg.max_action_dim)
+    state, noise = rng.normal(size=6).astype(np.float32), rng.normal(size=noise_shape).astype(np.float32)
     theirs = Lerobot(written).run(frames, state, 'stack the cubes', noise)
     ours = Ours(written).run(frames, state, 'stack the cubes', noise)
     print(f'    package writer\'s folder: lerobot loads it; normalised actions lerobot-ours '
@@ -431,7 +431,7 @@ def timing(root: Path, shape: str, repeats: int) -> None:
         stages['prefix'].append(miss.timings_ms.get('prefix', 0.0) / 1000)
         stages['denoise_hit'].append(hit.timings_ms.get('denoise', 0.0) / 1000)
     lr, miss_ms, hit_ms = (median_ms(samples[k]) for k in ('lerobot', 'miss', 'hit'))
-    prompt = len(runtime.policy.prompt_tokens(task, None)[0])
+    prompt = int(runtime.policy.prompt_tokens(task, None)[1].sum())          # its real tokens (padded to a bucket)
     print(f'(b) {shape} shape ({params / 1e9:.2f}B parameters, prompt {prompt} tokens, 2 cameras 640x480, fp32, '
           f'{torch.get_num_threads()} threads, {repeats} repeats): lerobot {lr:.0f} ms, ours miss {miss_ms:.0f} ms '
           f'({miss_ms / lr:.2f}x), hit {hit_ms:.0f} ms ({hit_ms / miss_ms:.2f}x our miss; stages: prefix '

@@ -126,7 +126,7 @@ def test_a_groot_folder_through_the_familys_hooks(tmp_path, monkeypatch):
     (folder / 'policy_preprocessor.json').write_text(json.dumps(document))
     done = _doctor(folder)
     assert done.returncode == 1 and '1 problem(s)' in done.stdout, done.stdout
-    assert (f"huggingface-cli download nvidia/Cosmos-Reason2-2B --include '*.json' --include '*.jinja' "
+    assert (f"hf download nvidia/Cosmos-Reason2-2B --include '*.json' --include '*.jinja' "
             f"--local-dir {folder}/tokenizer") in done.stdout
     shutil.copytree(processor, folder / 'tokenizer')              # what that command fetches
     assert _doctor(folder).returncode == 0

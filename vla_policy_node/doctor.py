@@ -123,11 +123,19 @@ def _tokenizer_hub_name(folder: Path) -> Optional[str]:
     return None
 
 
-def fetch_tokenizer_command(folder: Path, source: Any) -> str:
+def fetch_tokenizer_command(folder: Path, source: Any) -> List[str]:
     """The command that fetches only the tokenizer's files (policy/family.py TokenizerSource: its file, or its
-    ``include`` patterns) into <folder>/tokenizer/, where the node looks."""
-    files = ' '.join(f"--include '{pattern}'" for pattern in source.include) or source.file_name
-    return f'huggingface-cli download {source.hub_name} {files} --local-dir {folder / "tokenizer"}'
+    ``include`` patterns) into <folder>/tokenizer/, where the node looks, and how the other generation of the
+    Hugging Face CLI spells it: ``hf download`` (huggingface_hub >= 1.0) repeats ``--include`` per pattern, where
+    ``huggingface-cli download`` takes them after one ``--include`` (and keeps only the last repeated one)."""
+    target = f'--local-dir {folder / "tokenizer"}'
+    if not source.include:
+        return [f'huggingface-cli download {source.hub_name} {source.file_name} {target}',
+                '(newer huggingface_hub: `hf download` takes the same arguments)']
+    patterns = [f"'{pattern}'" for pattern in source.include]
+    return [f'hf download {source.hub_name} {" ".join("--include " + p for p in patterns)} {target}',
+            f'(huggingface_hub before 1.0: `huggingface-cli download {source.hub_name} --include {" ".join(patterns)} '
+            f'{target}`)']
 
 
 def _weights(diagnosis: Diagnosis, family: Any, config: Any, header: Dict[str, Dict[str, Any]]) -> int:
@@ -284,8 +292,8 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
                          f'download {source.hub_name}')
         what = 'its tokenizer files' if source.include else 'only the tokenizer file'
         diagnosis.say(f'on a machine with internet, fetch {what}, then copy the folder over:')
-        diagnosis.say(f'  {fetch_tokenizer_command(folder, source)}')
-        diagnosis.say('  (newer huggingface_hub: `hf download` takes the same arguments)')
+        for line in fetch_tokenizer_command(folder, source):
+            diagnosis.say(f'  {line}')
         diagnosis.say(source.access_note or GENERIC_ACCESS_NOTE)
 
     diagnosis.section('memory (analytic)')

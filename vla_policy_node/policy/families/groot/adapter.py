@@ -36,7 +36,7 @@ from ...config_fields import ConfigError
 from ...family import FamilyCapabilities, Frames, PolicyFamily, TokenizerSource
 from ...preprocess import image_to_unit_tensor
 from ...tokenizer import HF_TOKENIZER_FILE, TokenizerError
-from .config import GROOT_CONFIG_FIELDS, MAX_TEXT_TOKENS, GrootConfig
+from .config import GROOT_CONFIG_FIELDS, TEXT_BUCKETS, GrootConfig
 from .flops import stage_flops
 from .folder import (WEIGHT_KEYS, build_config, find_processor_folder, processor_documents, processor_folder_problem,
                      write_groot_folder)
@@ -48,10 +48,6 @@ from .qwen3vl import COSMOS_REASON2_2B
 from .tiny_tokenizer import build_qwen_test_tokenizer
 from .tokenizer import PROMPT_PAD_ID, QwenChatTokenizer
 from .transforms import ActionDecoder, MinMaxStateNormalizer
-
-
-# Text tokens (chat template + task) of the default prompt buckets, the last the longest prompt taken.
-TEXT_BUCKETS = (64, 128, MAX_TEXT_TOKENS)
 
 
 class GrootFamily(PolicyFamily):

@@ -35,6 +35,9 @@ BASE_MODEL_TYPE = 'Gr00tN1d7'
 # Text tokens a prompt may have besides the image tokens (chat template + task): bounds the prefix (and its memory)
 # for any instruction; a longer prompt is refused, never truncated (lerobot does not truncate).
 MAX_TEXT_TOKENS = 512
+# Text tokens (chat template + task) of the default prompt buckets (GrootFamily.default_prompt_buckets), the last
+# the longest prompt taken: the text subset's cross K/V is padded to the first that holds the prompt.
+TEXT_BUCKETS = (64, 128, MAX_TEXT_TOKENS)
 
 GROOT_CONFIG_FIELDS: Dict[str, ConfigField] = table((
     ConfigField('type', IMPLEMENTED, 'groot'),

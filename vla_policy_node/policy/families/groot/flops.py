@@ -1,11 +1,13 @@
 """FLOPs of GR00T N1.7's stages from the config alone (bench/flops.py): 2 per multiply-add of every matrix product
 this implementation runs (attention scores and mixes included), for a prompt of the image tokens and
-``TYPICAL_TEXT_TOKENS`` of template and task (the real length depends on the task)."""
+``TYPICAL_TEXT_TOKENS`` of template and task (the real length depends on the task): the prefix at the prompt's own
+length, the denoise's text cross-attention over its bucket (the text K/V padded to the first of TEXT_BUCKETS that
+holds it). The DiT's time terms depend on the step count alone and are made once, not per chunk."""
 from __future__ import annotations
 
 from typing import Dict
 
-from .config import GrootConfig
+from .config import TEXT_BUCKETS, GrootConfig
 
 TYPICAL_TEXT_TOKENS = 32
 
@@ -61,7 +63,8 @@ def _step(config: GrootConfig, tokens: int) -> int:
 
 def stage_flops(config: GrootConfig, num_steps: int) -> Dict[str, int]:
     tokens = config.image_tokens + TYPICAL_TEXT_TOKENS
+    bucket = next(text for text in TEXT_BUCKETS if text >= TYPICAL_TEXT_TOKENS)
     head = config.head
     state = head.max_state_dim * head.hidden_size + head.hidden_size * head.input_embedding_dim
     return {'prefix': _vit(config) + _text(config, tokens) + _head_prefix(config, tokens),
-            'denoise': 2 * state + num_steps * _step(config, tokens)}
+            'denoise': 2 * state + num_steps * _step(config, config.image_tokens + bucket)}
