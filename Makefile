@@ -66,7 +66,7 @@ NUMERIC_TESTS ?= test/test_model_parity.py test/test_quantization.py test/test_p
 	test/test_smolvla_family.py test/test_smolvla_pipeline.py test/test_rtc.py test/test_relative_actions.py \
 	test/test_runtime.py test/test_prefix_cache.py test/test_fast_path.py test/test_images.py \
 	test/test_replay_offline.py test/test_handover.py test/test_dataset.py \
-	test/test_train_demo.py
+	test/test_groot_family.py test/test_groot_pipeline.py test/test_train_demo.py
 ISA_PYTEST := $(PY) -m pytest -q $(XDIST) -m 'not slow' $(PYTEST_ARGS) $(NUMERIC_TESTS)
 
 test-isa: setup

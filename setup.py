@@ -42,6 +42,9 @@ setup(
         'safetensors>=0.4',
         'sentencepiece>=0.1.99',
         'tokenizers>=0.15',
+        # GR00T N1.7 renders its backbone's chat template with it (as transformers does); 3.0.3 is what
+        # Humble's apt ships (python3-jinja2, a rosdep key in package.xml).
+        'jinja2>=3.0',
         'xxhash>=3.0',
         'pillow>=9.0',
         'pyyaml>=5.4',
@@ -68,7 +71,8 @@ setup(
     zip_safe=True,
     maintainer='vla_policy_node developers',
     maintainer_email='vla-policy-node@example.com',
-    description='pi0-family Vision-Language-Action policy as a ROS 2 node with an exact-match prefix K/V cache',
+    description='Vision-Language-Action policies (pi0, pi0.5, SmolVLA, GR00T N1.7) as a ROS 2 node with an '
+                'exact-match prefix cache',
     license='Apache-2.0',
     entry_points={
         'console_scripts': [

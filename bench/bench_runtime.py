@@ -90,7 +90,8 @@ def random_runtime(preset_name: str, device: torch.device, dtype: torch.dtype, s
             else:
                 param.normal_(0.0, 0.02, generator=generator)
         for module in model.modules():
-            if isinstance(module, LlamaRMSNorm):     # x * w: a zero weight would silence the stream
+            # x * w (Llama's, Qwen's RMSNorm): a zero weight would silence the stream
+            if isinstance(module, LlamaRMSNorm) or type(module).__name__ == 'QwenRMSNorm':
                 module.weight.fill_(1.0)
     model.set_compute_dtype(dtype).eval()
     _fuse(model)

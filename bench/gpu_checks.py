@@ -58,12 +58,14 @@ from vla_policy_node.settings import configure  # noqa: E402
 # NVIDIA's H200 specification (4.8 TB/s). The denoise streams the action expert's weights and the prefix K/V once
 # per step, so bytes / bandwidth is its floor; on any other device no floor is printed.
 BANDWIDTH = {'H200': 4.8e12}
-FULL_PRESETS = ('pi0', 'pi05', 'smolvla')
+FULL_PRESETS = ('pi0', 'pi05', 'smolvla', 'groot')
 DTYPES = ('float32', 'bfloat16')
-RTC = RTCSettings(execution_horizon=6)
-# Parameters the Euler loop reads every step (pi0/pi0.5: gemma_expert; SmolVLA: lm_expert), by name.
+RTC = RTCSettings(mode='auto', execution_horizon=6)         # the family's own mode
+# Parameters the Euler loop reads every step (pi0/pi0.5: gemma_expert; SmolVLA: lm_expert; GR00T: the DiT and the
+# action head's encoders and decoder), by name.
 DENOISE_PARAMETERS = ('gemma_expert', 'lm_expert', 'action_in_proj', 'action_out_proj', 'action_time_mlp',
-                      'time_mlp')
+                      'time_mlp', 'action_head.model.', 'action_head.state_encoder', 'action_head.action_encoder',
+                      'action_head.action_decoder', 'action_head.position_embedding')
 
 
 class Checks:
@@ -87,9 +89,10 @@ def observation(config, seed: int, instruction: str = 'pick up the red block') -
 
 
 def continuations(config) -> Dict[str, Dict[str, Any]]:
-    """Every chunking mode a tick can ask for (RTC trained only for a checkpoint trained for it)."""
+    """Every chunking mode a tick can ask for: plain, RTC in the family's own mode (rtc_mode auto), trained RTC for
+    a checkpoint trained for it."""
     leftover = np.linspace(-0.3, 0.3, 8 * config.action_dim).reshape(8, -1)
-    modes = {'plain': {}, 'guided': dict(prev_actions=leftover, inference_delay=2, rtc=RTC)}
+    modes = {'plain': {}, 'rtc': dict(prev_actions=leftover, inference_delay=2, rtc=RTC)}
     if config.rtc_training_max_delay > 0:
         modes['trained'] = dict(prev_actions=leftover, inference_delay=2, rtc=RTCSettings(mode='trained'))
     return modes
@@ -153,12 +156,13 @@ def check_family(checks: Checks, folder: Path, device: str, dtype: str, chunks: 
         checks.check(f'hit == miss ({mode})', hit.cache_hit and np.array_equal(hit.actions, miss.actions))
     runtime.cache.clear()                                               # the stored prefix after 100 chunks
     first = runtime.infer(obs_a, seed=3)
-    stored = runtime.cache.get(first.key)['kv'].clone()
+    stored = {name: tensor.clone() for name, tensor in runtime.cache.get(first.key).items()}
     mode_list = list(modes.values())
     for i in range(chunks):
         runtime.infer(obs_a, seed=i, **mode_list[i % len(mode_list)])
+    entry = runtime.cache.get(first.key)
     checks.check(f'the stored prefix untouched after {chunks} chunks',
-                 torch.equal(stored, runtime.cache.get(first.key)['kv']))
+                 all(torch.equal(tensor, entry[name]) for name, tensor in stored.items()))
     ok = True                                                           # A/B/A/B through the workspace
     for name, obs in (('A', obs_a), ('B', obs_b), ('A', obs_a), ('B', obs_b)):
         for mode, extra in modes.items():
@@ -167,8 +171,9 @@ def check_family(checks: Checks, folder: Path, device: str, dtype: str, chunks: 
     check_buckets(checks, folder, device, dtype, eager)
     figures = runtime.fast_path_summary()
     checks.figures[f'{cfg.policy_type}/{dtype}/fast_path'] = figures
+    prefix_graphs = runtime.policy.capabilities.capturable_prefix       # else the prefix runs eagerly by design
     checks.check('graphs replayed, no capture failure, no eager fallback',
-                 figures['graph_replays'] > 0 and figures['prefix_replays'] > 0
+                 figures['graph_replays'] > 0 and (figures['prefix_replays'] > 0) == prefix_graphs
                  and figures['graph_capture_failures'] == figures['prefix_capture_failures'] == 0
                  and figures['eager_fallbacks'] == figures['prefix_eager_fallbacks'] == 0,
                  f'{figures["graph_replays"]} denoise / {figures["prefix_replays"]} prefix replays, '
@@ -185,8 +190,9 @@ def check_buckets(checks: Checks, folder: Path, device: str, dtype: str, eager: 
     graphs.warmup()
     modes = continuations(graphs.config)
     figures = graphs.fast_path_summary()
+    prefix_graphs = len(buckets) if graphs.policy.capabilities.capturable_prefix else 0
     checks.check(f'warm-up captured every bucket {buckets} x {len(modes)} chunking modes',
-                 figures['prefix_graphs'] == len(buckets) and figures['graphs_cached'] == len(buckets) * len(modes),
+                 figures['prefix_graphs'] == prefix_graphs and figures['graphs_cached'] == len(buckets) * len(modes),
                  f'{figures["prefix_graphs"]} prefix, {figures["graphs_cached"]} denoise graphs')
     worst = 0.0
     for bucket in buckets:

@@ -283,7 +283,7 @@ ALLOWED: Dict[str, Tuple[Optional[Set[str]], str]] = {
 def family_words() -> re.Pattern:
     """The registered type names and the family-specific spellings (backbones, tokenizers) as one pattern."""
     from vla_policy_node.policy.families import known_types
-    words = set(known_types()) | {'pi0', 'pi05', 'smolvla', 'smolvlm', 'paligemma'}
+    words = set(known_types()) | {'pi0', 'pi05', 'smolvla', 'smolvlm', 'paligemma', 'gr00t', 'qwen', 'cosmos'}
     return re.compile('|'.join(sorted(map(re.escape, words), key=len, reverse=True)), re.I)
 
 

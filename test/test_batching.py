@@ -1,7 +1,8 @@
 """Batching several robots' chunks in one server: each robot's chunk is its own ``infer``'s, for every family.
 
 runtime/batch.py against PolicyRuntime.infer (fp32 on the CPU): prefixes of different lengths (prompt buckets),
-misses and hits, step counts, seeds, guided and trained RTC leftovers, robots sending identical frames, bad
+misses and hits, step counts, seeds, RTC leftovers in each family's own mode (guided for the pi families, inpainting
+for GR00T: rtc mode "auto") and trained ones, robots sending identical frames, bad
 requests that fail alone; remote/batching.py's queue (batches close when full or when the window ends, the
 bound refuses as busy); and vla_policy_serve's answers over real WebSockets, each connection its own.
 """
@@ -56,10 +57,10 @@ def leftover(cfg, seed, length):
 
 
 def fleet(cfg):
-    """Robots as a fleet sends them: prompts of several lengths, two step counts, guided RTC with leftovers of
-    different lengths, delays and schedules, trained RTC where the checkpoint has it, and a robot whose frames,
-    prompt and state equal another's (only its seed and leftover differ)."""
-    guided = RTCSettings()
+    """Robots as a fleet sends them: prompts of several lengths, two step counts, RTC in the family's own mode with
+    leftovers of different lengths, delays and schedules, trained RTC where the checkpoint has it, and a robot whose
+    frames, prompt and state equal another's (only its seed and leftover differ)."""
+    guided = RTCSettings(mode='auto')              # the family's own first mode
     items = [
         (observation(cfg, 0, 'pick'), dict(seed=1)),
         (observation(cfg, 1, 'pick up the red cube and place it in the box'), dict(seed=2)),
@@ -68,7 +69,8 @@ def fleet(cfg):
         (observation(cfg, 4, 'stack the blocks'), dict(seed=5, prev_actions=leftover(cfg, 4, 4), inference_delay=1,
                                                        rtc=guided)),
         (observation(cfg, 5, 'open the drawer'), dict(seed=6, prev_actions=leftover(cfg, 5, 7), inference_delay=2,
-                                                      rtc=RTCSettings(schedule='exp', execution_horizon=5))),
+                                                      rtc=RTCSettings(mode='auto', schedule='exp',
+                                                                      execution_horizon=5))),
         # robot 6 sends exactly robot 0's observation
         (observation(cfg, 0, 'pick'), dict(seed=7, prev_actions=leftover(cfg, 6, 5), inference_delay=1, rtc=guided)),
     ]
@@ -233,8 +235,11 @@ class RunningServer:
         self._thread.join(30)
 
 
-def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_batch(tmp_path):
-    checkpoint = write_random_checkpoint(tmp_path / 'ckpt', family_class(known_types()[0]).tiny_config())
+@pytest.mark.parametrize('kind', known_types())
+def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_batch(tmp_path, kind):
+    """vla_policy_serve --max-batch 2 over WebSockets, every family: one batch, each robot its own actions (RTC in
+    the family's own mode)."""
+    checkpoint = write_random_checkpoint(tmp_path / 'ckpt', family_class(kind).tiny_config())
     alone = load(checkpoint)
     cfg = alone.config
     # A window far longer than a round: each batch closes as soon as both robots' requests are in it.
@@ -244,9 +249,9 @@ def test_two_robots_with_identical_frames_each_get_their_own_actions_from_one_ba
     obs = Observation(images=message['images'], state=message['state'], instruction='pick')
     prev = leftover(cfg, 1, 5)
     requests = [dict(message, seed=11), dict(message, seed=12, prev_actions=prev, inference_delay=1,
-                                             rtc={'mode': 'guided'})]
+                                             rtc={'mode': 'auto'})]
     expected = [alone.infer(obs, seed=11).actions,
-                alone.infer(obs, seed=12, prev_actions=prev, inference_delay=1, rtc=RTCSettings()).actions]
+                alone.infer(obs, seed=12, prev_actions=prev, inference_delay=1, rtc=RTCSettings(mode='auto')).actions]
     replies = [None, None]
     barrier = threading.Barrier(2)
 

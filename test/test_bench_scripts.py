@@ -33,6 +33,7 @@ QUICK_RUNS = {
     'gpu_checks.py': (['--device', 'cpu', '--dry-run', '--output', 'gpu_checks.json'], r'all checks passed'),
     'compare_lerobot_dataset.py': (['--quick'], r'meta/stats.json vs lerobot'),
     'compare_lerobot_smolvla.py': (['--quick'], r'lerobot vs ours'),
+    'compare_lerobot_groot.py': (['--quick'], r'lerobot vs ours, fp32 cases: actions within'),
     'compare_lerobot_bf16.py': (['--quick'], r'ours / lerobot: [\d.]+x max'),
     'quant_speed.py': (['--quick'], r'int8_weights +miss +[\d.]+ ms \([\d.]+x\), hit'),
     'quant_accuracy.py': (['--quick'], r'int8_weights \(fp32\) +[\d.]+ / [\d.]+'),
@@ -42,6 +43,7 @@ MAY_SKIP = {
     'bench_camera_clock.py': 'rclpy',
     'compare_lerobot_dataset.py': 'lerobot',
     'compare_lerobot_smolvla.py': 'lerobot',
+    'compare_lerobot_groot.py': 'lerobot',
     'compare_lerobot_bf16.py': 'lerobot',
 }
 # Tens of seconds each on a shared 2-core machine (several processes, a replay of a bag, deep models).

@@ -36,7 +36,8 @@ def test_a_loadable_checkpoint_is_described(tiny):
     assert 'tokenizer.model (512 tokens)' in out
     assert 'bytes per dtype: F32' in out and '88 tensors match' in out
     # 2 x 2 layers x 1 kv head x 16 dims x 64 tokens x 2 bytes (bf16) + the 64-byte pad mask
-    assert 'prefix 64 tokens' in out and 'one cache entry 8.1 KiB (8,256 B) in bf16' in out
+    assert 'prefix up to 64 tokens: 3 image slots x 16 + 16 for the prompt' in out
+    assert 'one cache entry 8.1 KiB (8,256 B) in bf16' in out
     assert 'GPU, bf16: model' in out
     assert 'action_period_sec: 0.1' in out and 'execute_steps: 10' in out and 'control_rate_hz: 2.0' in out
     assert 'the node would load this checkpoint' in out
@@ -102,6 +103,35 @@ def test_every_family_of_the_registry_is_covered(policy_type, tmp_path):
     assert 'REFUSED: config.json n_obs_steps = 3' in out
     wanted = 'tokenizer.json' if policy_type == 'smolvla' else 'tokenizer.model'
     assert f' {wanted} --local-dir {folder}/tokenizer' in out
+
+
+def test_a_groot_folder_through_the_familys_hooks(tmp_path, monkeypatch):
+    """GR00T keeps its statistics in its own processor steps and reads a processor folder (tokenizer, chat
+    template, image settings) that the pre-processor names: the doctor finds both through the family, and where
+    the folder is missing it prints the fetch of every file into <folder>/tokenizer, where the node then finds
+    them."""
+    folder = write_tiny_default(tmp_path / 'groot', 'groot')
+    done = _doctor(folder, '--fps', '10')
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert 'type groot (family ' in out and 'statistics: state MIN_MAX (6 values), action MIN_MAX (6 values)' in out
+    assert f'{folder}/processor (' in out and 'tensors match' in out and 'one cache entry' in out
+    monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path / 'empty_hub'))
+    processor = tmp_path / 'processor_elsewhere'
+    shutil.move(str(folder / 'processor'), processor)
+    document = json.loads((folder / 'policy_preprocessor.json').read_text())
+    for step in document['steps']:
+        if 'model_name' in step['config']:
+            step['config']['model_name'] = 'nvidia/Cosmos-Reason2-2B'
+    (folder / 'policy_preprocessor.json').write_text(json.dumps(document))
+    done = _doctor(folder)
+    assert done.returncode == 1 and '1 problem(s)' in done.stdout, done.stdout
+    assert (f"hf download nvidia/Cosmos-Reason2-2B --include '*.json' --include '*.jinja' "
+            f"--local-dir {folder}/tokenizer") in done.stdout
+    shutil.copytree(processor, folder / 'tokenizer')              # what that command fetches
+    assert _doctor(folder).returncode == 0
+    from vla_policy_node.runtime import PolicyRuntime
+    assert PolicyRuntime.from_pretrained(folder, device='cpu').config.image_resolution == (64, 64)
 
 
 def test_an_unknown_type_names_the_known_ones(tiny, tmp_path):

@@ -18,7 +18,7 @@ from vla_policy_node.fast_path import (NOT_CAPTURED, TOO_LARGE, CapturedGraph, E
                                        tree_nbytes)
 from vla_policy_node.graph_capture import GraphCapturer, failure_reason, pool_reserved_bytes
 from vla_policy_node.params import problems, resolve_values
-from vla_policy_node.policy.families import family_class
+from vla_policy_node.policy.families import family_class, known_types
 from vla_policy_node.policy.families.pi0.model import PiZeroModel
 from vla_policy_node.policy.rtc import RTCSettings
 from vla_policy_node.policy.tiny_default import write_tiny_default
@@ -369,7 +369,7 @@ def test_cuda_graphs_on_is_refused_without_cuda(tiny_checkpoint):  # noqa: F811
     assert resolve_values({})['cuda_graphs'] == 'off'
 
 
-FAMILIES = ('pi0', 'pi05', 'smolvla')
+FAMILIES = known_types()
 
 
 @pytest.fixture(scope='module')
@@ -397,7 +397,7 @@ def check_the_fast_path_gives_the_plain_actions(folder, graphs):
     bucketed = PolicyRuntime.from_pretrained(folder, device='cpu', dtype='float32', static_workspace=True,
                                              prompt_buckets=[longest + 1])
     leftover = np.linspace(-0.5, 0.5, 4 * plain.config.action_dim).reshape(4, -1)
-    rtc = dict(prev_actions=leftover, inference_delay=1, rtc=RTCSettings())
+    rtc = dict(prev_actions=leftover, inference_delay=1, rtc=RTCSettings(mode='auto'))    # the family's own
     for extra in ({}, rtc):
         expected = {name: plain.infer(o, seed=1, **extra).actions for name, o in (('A', obs), ('B', other))}
         assert not np.array_equal(expected['A'], expected['B'])

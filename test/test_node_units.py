@@ -137,7 +137,7 @@ def wait_diagnostics(ctx, node, predicate, timeout=5.0):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize('name, value', [
     ('control_rate_hz', 1000.0),          # out of the descriptor range
-    ('num_steps', 0),
+    ('num_steps', -1),
     ('stamp_mode', 'bogus'),              # not one of the choices
     ('execute_steps', 'ten'),             # wrong type
     ('joint_lower_limits', [0.0, 1.0]),   # wrong length (found at configure)
@@ -156,7 +156,7 @@ def test_bad_params_file_value_refuses_configure_and_names_it(make_node, ctx, ch
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize('name, value', [('control_rate_hz', -3.0), ('control_rate_hz', 0.0), ('num_steps', 0),
+@pytest.mark.parametrize('name, value', [('control_rate_hz', -3.0), ('control_rate_hz', 0.0), ('num_steps', -1),
                                          ('action_period_sec', -0.1), ('max_image_pixels', 0)])
 def test_node_and_replay_refuse_a_value_with_the_same_message(make_node, tmp_path, name, value):
     params = {'joint_names': list(JOINTS), 'instruction': 'go', name: value}

@@ -24,7 +24,7 @@ def test_defaults_with_joint_names_are_valid_with_and_without_the_checkpoint():
     (dict(control_rate_hz=0.0), r'control_rate_hz must be in \[0.1, 100\]'),
     (dict(control_rate_hz=10), 'control_rate_hz must be a double'),
     (dict(control_rate_hz=float('nan')), 'control_rate_hz must be finite'),
-    (dict(num_steps=0), r'num_steps must be in \[1, 100\], got 0'),
+    (dict(num_steps=-1), r'num_steps must be in \[0, 100\], got -1'),
     (dict(num_steps=True), 'num_steps must be a int'),
     (dict(action_period_sec=-0.1), 'action_period_sec must be in'),
     (dict(execute_steps='ten'), 'execute_steps must be a int'),
@@ -54,6 +54,9 @@ def test_values_refused_without_a_checkpoint(overrides, message):
     (dict(camera_names=['front_cam']), r"camera_names \['front_cam'\] are not in the checkpoint camera_names"),
     # camera_names unset means every camera of the checkpoint: topics must then match their number
     (dict(camera_topics=['/a', '/b']), 'camera_topics has 2 entries for 3 camera_names'),
+    # an RTC mode of another family, named with this family's modes
+    (dict(rtc_mode='inpainting'), r'rtc_mode inpainting is not a mode of the pi0 family \(its modes: guided, '
+                                  r'trained; auto picks guided\)'),
 ])
 def test_values_refused_against_the_checkpoint(overrides, message):
     validate(values(**overrides))          # fine on their own ...
@@ -75,7 +78,7 @@ def test_unknown_names_are_refused_but_ros_own_parameters_pass():
 
 
 def test_every_problem_is_reported_once_and_names_its_parameter():
-    found = problems(values(num_steps=0, stamp_mode='x', joint_names=None))
+    found = problems(values(num_steps=-1, stamp_mode='x', joint_names=None))
     assert [p.split()[0] for p in found] == ['joint_names', 'num_steps', 'stamp_mode']
 
 
@@ -94,3 +97,26 @@ def test_backend_choices_are_the_backend_registry():
     with pytest.raises(KeyError, match='known: local, remote'):
         backend_loader('grpc')
     assert all(callable(backend_loader(name)) for name in BACKENDS)
+
+
+def test_rtc_mode_auto_fits_every_family_and_another_familys_mode_is_refused_by_name():
+    """The default rtc_mode (auto) and num_steps (0: the checkpoint's) configure any family; a mode the
+    checkpoint's family lacks is refused naming its modes; a remote server's own policy type is its business."""
+    from dataclasses import replace
+    from vla_policy_node.policy.families import family_class, known_types
+    for kind in known_types():
+        config = family_class(kind).tiny_config()
+        validate(values(chunking='rtc'), config)
+        modes = family_class(kind).capabilities.rtc_modes
+        for mode in ('guided', 'trained', 'inpainting'):
+            found = [p for p in problems(values(chunking='rtc', rtc_mode=mode), config) if 'not a mode' in p]
+            assert bool(found) == (mode not in modes), (kind, mode, found)
+    groot = family_class('groot').tiny_config()
+    with pytest.raises(ParameterError, match=r'rtc_mode guided is not a mode of the groot family \(its modes: '
+                                             r'inpainting; auto picks inpainting\)'):
+        validate(values(rtc_mode='guided'), groot)
+    from vla_policy_node.remote_settings import RemoteConfig
+    remote = RemoteConfig(camera_names=('a',), state_dim=6, action_dim=6, chunk_size=10, policy_type='its_own')
+    assert not problems(values(rtc_mode='inpainting'), remote)
+    with pytest.raises(ParameterError, match='not a mode of the groot family'):
+        validate(values(rtc_mode='guided'), replace(remote, policy_type='groot'))     # vla_policy_serve's metadata

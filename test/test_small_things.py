@@ -96,4 +96,4 @@ def test_demo_closing_note_fits_the_run():
     assert 'builtin:demo) is a tiny pi0 trained' in closing_note('demo', Path('x'))
     note = closing_note('smolvla', Path('artifacts/demo/tiny_smolvla'))
     assert 'tiny smolvla with RANDOM weights' in note and 'meaningless' in note
-    assert 'SmolVLA pretrained_model folder' in note
+    assert 'SmolVLA or GR00T N1.7 pretrained_model folder' in note

@@ -1,6 +1,6 @@
 """The demo: the real node as its own process, a sample bag replayed into it live over DDS.
 
-    python -m vla_policy_node.demo [--output artifacts/demo] [--rate 1.0] [--policy demo|pi0|pi05|smolvla]
+    python -m vla_policy_node.demo [--output artifacts/demo] [--rate 1.0] [--policy demo|pi0|pi05|smolvla|groot]
                                    [--remote]
 
 1. writes the sample bag (3 cameras, instruction, joint states, command topic) and, for comparison,
@@ -24,7 +24,7 @@ seed, and stamp_mode stays zero): every chunk counts from its observation in bot
 offline evaluation once more with stamp_mode observation (printed beside it, ``report_observation/``) shows
 the same error. The error is measured on the bag the policy was trained on.
 
-``--policy pi0|pi05|smolvla`` runs a tiny RANDOM-weight checkpoint of that family instead of the trained
+``--policy pi0|pi05|smolvla|groot`` runs a tiny RANDOM-weight checkpoint of that family instead of the trained
 default (the plumbing of that family, meaningless actions). With ``--remote`` the checkpoint is served by
 ``vla_policy_serve`` in its own process and the node and the offline evaluation both use ``backend: remote``
 against it (same tick path, same results for a seed).
@@ -418,8 +418,9 @@ def closing_note(policy: str, checkpoint: Path) -> str:
                 'this sample bag).')
     return (f'{head} The shipped parameters run the trained default as they are:\n'
             f'  vla_policy_node --ros-args --params-file {shipped}\n'
-            f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0, pi0.5 or '
-            'SmolVLA pretrained_model folder), tokenizer_path, joint_names and the camera topics, then:\n'
+            f'To run a real policy, copy {shipped} to robot.yaml, set checkpoint_path (a lerobot pi0, pi0.5, '
+            'SmolVLA or GR00T N1.7 pretrained_model folder), tokenizer_path, joint_names and the camera topics, '
+            'then:\n'
             '  vla_policy_node --ros-args --params-file robot.yaml\n'
             '(docs/checkpoints.md; the console scripts are in .venv/bin: `. .venv/bin/activate`).')
 

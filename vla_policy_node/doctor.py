@@ -123,9 +123,19 @@ def _tokenizer_hub_name(folder: Path) -> Optional[str]:
     return None
 
 
-def fetch_tokenizer_command(folder: Path, hub_name: str, file_name: str) -> str:
-    """The command that fetches only the tokenizer file into <folder>/tokenizer/ (where the node looks)."""
-    return f'huggingface-cli download {hub_name} {file_name} --local-dir {folder / "tokenizer"}'
+def fetch_tokenizer_command(folder: Path, source: Any) -> List[str]:
+    """The command that fetches only the tokenizer's files (policy/family.py TokenizerSource: its file, or its
+    ``include`` patterns) into <folder>/tokenizer/, where the node looks, and how the other generation of the
+    Hugging Face CLI spells it: ``hf download`` (huggingface_hub >= 1.0) repeats ``--include`` per pattern, where
+    ``huggingface-cli download`` takes them after one ``--include`` (and keeps only the last repeated one)."""
+    target = f'--local-dir {folder / "tokenizer"}'
+    if not source.include:
+        return [f'huggingface-cli download {source.hub_name} {source.file_name} {target}',
+                '(newer huggingface_hub: `hf download` takes the same arguments)']
+    patterns = [f"'{pattern}'" for pattern in source.include]
+    return [f'hf download {source.hub_name} {" ".join("--include " + p for p in patterns)} {target}',
+            f'(huggingface_hub before 1.0: `huggingface-cli download {source.hub_name} --include {" ".join(patterns)} '
+            f'{target}`)']
 
 
 def _weights(diagnosis: Diagnosis, family: Any, config: Any, header: Dict[str, Dict[str, Any]]) -> int:
@@ -202,8 +212,7 @@ def _memory_per_mode(diagnosis: Diagnosis, family: Any, config: Any, cache: int,
 def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float] = None,
              latency_ms: Optional[float] = None, quantization: str = 'none') -> Diagnosis:
     """The whole report for one folder (see the module docstring), through the policy-family registry."""
-    from .policy.checkpoint import (WEIGHTS_FILE, CheckpointError, check_relative_action_steps, find_tokenizer,
-                                    load_normalizers, read_config_json)
+    from .policy.checkpoint import WEIGHTS_FILE, CheckpointError, read_config_json
     from .policy.config_fields import ConfigError
     from .policy.families import family_class
 
@@ -249,10 +258,9 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
         diagnosis.say(f'trained for real-time chunking: rtc_training_max_delay {config.rtc_training_max_delay}')
     diagnosis.say('normalisation ' + ', '.join(f'{k} {v}' for k, v in sorted(config.normalization_mapping.items())))
     try:
-        state, action = load_normalizers(folder, config)
+        state, action = family.folder_normalizers(folder, config)
         diagnosis.say(f'statistics: state {state.mode} ({state.dim} values), action {action.mode} '
                       f'({action.dim} values)'.replace('(-1 values)', '(none needed)'))
-        check_relative_action_steps(folder, config)
     except CheckpointError as exc:
         diagnosis.refuse(str(exc))
 
@@ -273,26 +281,27 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
         bf16_bytes = _weights(diagnosis, family, config, header)
 
     diagnosis.section('tokenizer')
-    found = tokenizer if tokenizer is not None else find_tokenizer(folder)
+    found = tokenizer if tokenizer is not None else family.folder_tokenizer(folder, config)
     if found is not None and Path(found).exists():
         _tokenizer_check(diagnosis, family, Path(found), config)
     else:
-        # The file the family reads and where it comes from: the repository the checkpoint's pre-processor
+        # The files the family reads and where they come from: the repository the checkpoint's pre-processor
         # names, else the family's own.
         source = family.tokenizer_source(config, _tokenizer_hub_name(folder))
         diagnosis.refuse(f'no tokenizer in {folder / "tokenizer"} (or at tokenizer_path): the robot cannot '
                          f'download {source.hub_name}')
-        diagnosis.say('on a machine with internet, fetch only the tokenizer file, then copy the folder over:')
-        diagnosis.say(f'  {fetch_tokenizer_command(folder, source.hub_name, source.file_name)}')
-        diagnosis.say('  (newer huggingface_hub: `hf download` takes the same arguments)')
+        what = 'its tokenizer files' if source.include else 'only the tokenizer file'
+        diagnosis.say(f'on a machine with internet, fetch {what}, then copy the folder over:')
+        for line in fetch_tokenizer_command(folder, source):
+            diagnosis.say(f'  {line}')
         diagnosis.say(source.access_note or GENERIC_ACCESS_NOTE)
 
     diagnosis.section('memory (analytic)')
     entry = config.cache_entry_bytes(2)
     cache = min(SPECS['cache_max_bytes'].default, SPECS['cache_max_entries'].default * entry)
-    diagnosis.say(f'prefix {config.prefix_len} tokens: {len(config.all_camera_names)} image slots x '
-                  f'{config.tokens_per_image} + {config.tokenizer_max_length} prompt tokens (a camera the node '
-                  'does not subscribe to is masked but keeps its slot)')
+    image_tokens = len(config.all_camera_names) * config.tokens_per_image
+    diagnosis.say(f'prefix up to {config.prefix_len} tokens: {len(config.all_camera_names)} image slots x '
+                  f'{config.tokens_per_image} + {config.prefix_len - image_tokens} for the prompt')
     diagnosis.say(f'one cache entry {_mib(entry)} ({entry:,} B) in bf16; the default cache (cache_max_entries '
                   f'{SPECS["cache_max_entries"].default}, cache_max_bytes {_mib(SPECS["cache_max_bytes"].default)}) '
                   f'holds up to {_mib(cache)}')
@@ -339,8 +348,13 @@ def _tokenizer_check(diagnosis: Diagnosis, family: Any, path: Path, config: Any)
     if loaded.vocab_size > config.vocab_size:
         diagnosis.refuse(f'tokenizer {path} has {loaded.vocab_size} tokens, more than the model embedding '
                          f'({config.vocab_size})')
-    else:
-        diagnosis.say(f'{path} ({loaded.vocab_size} tokens)')
+        return
+    try:
+        family.check_tokenizer(loaded, config, path)
+    except (TokenizerError, ValueError) as exc:
+        diagnosis.refuse(str(exc))
+        return
+    diagnosis.say(f'{path} ({loaded.vocab_size} tokens)')
 
 
 def suggested_parameters(folder: Path, config: Any, fps: float, latency_ms: Optional[float],

@@ -26,7 +26,8 @@ from .images import DEFAULT_MAX_PIXELS, MAX_PIXELS_LIMIT
 from .observation import CAMERA_CLOCKS, MAX_INSTRUCTION_CHARS
 from .policy.builtin import BUILTIN_DEMO, BUILTIN_TINY  # noqa: F401  (the embedded checkpoints' names)
 from .policy.relative_actions import relative_action_mask
-from .policy.rtc import RTC_MODES, SCHEDULES
+from .policy.families import type_capabilities
+from .policy.rtc import AUTO, RTC_MODES, SCHEDULES
 from .wire.profiles import KEY_LAYOUTS, PROFILES
 from .safety import LIMIT_MODES, ON_FAULT_MODES
 from .trajectory import STAMP_MODES
@@ -71,6 +72,9 @@ class ParamSpec:
     model_members: Optional[str] = None     # every element is in this attribute of the checkpoint config
     model_requires: Optional[Tuple[str, str]] = None   # (value, attribute): that value needs attribute > 0
     required_when: Optional[Tuple[str, str]] = None    # (parameter, value): must be set when that one has it
+    # The value is AUTO or one of this FamilyCapabilities field of the checkpoint's family (a policy type no
+    # family of the registry has, a remote server's own: not checked here, the server refuses it).
+    family_choices: Optional[str] = None
     # ---- documentation ---------------------------------------------------------------------------------
     shipped: Any = None                     # the value config/vla_policy.yaml ships instead of the default
     # A policy family's load option (PolicyFamily.option_defaults, same name): passed to the loaded policy,
@@ -163,7 +167,9 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
               unique=True, falls_back_to='joint_names', model_length='state_dim'),
     # --- control (live) ---
     ParamSpec('control_rate_hz', 10.0, 'double', 'Inference ticks per second.', min_value=0.1, max_value=100.0),
-    ParamSpec('num_steps', 10, 'int', 'Flow-matching Euler steps per chunk.', min_value=1, max_value=100),
+    ParamSpec('num_steps', 0, 'int', 'Flow-matching Euler steps per chunk; 0: the checkpoint\'s '
+              'num_inference_steps (builtin:demo and lerobot\'s pi0 / pi0.5 / SmolVLA: 10; GR00T N1.7: 4).',
+              min_value=0, max_value=100),
     ParamSpec('execute_steps', 0, 'int', 'Actions of each chunk published as trajectory points; 0: the whole chunk.',
               min_value=0, max_value=1000, model_max='chunk_size'),
     ParamSpec('action_period_sec', 0.1, 'double',
@@ -196,10 +202,13 @@ PARAMETERS: Tuple[ParamSpec, ...] = (
     ParamSpec('chunking', 'independent', 'string',
               'independent: every chunk is sampled on its own; rtc: real-time chunking, each chunk continues '
               'the unexecuted rest of the one being executed (smooth hand-over).', choices=CHUNKING_MODES),
-    ParamSpec('rtc_mode', 'guided', 'string',
+    ParamSpec('rtc_mode', AUTO, 'string',
+              'auto: the policy family\'s own first mode (guided for pi0, pi0.5 and SmolVLA, inpainting for GR00T); '
               'guided: training-free guidance toward the previous chunk; trained: clamp the first delay actions '
-              '(checkpoints trained with rtc_training_max_delay > 0).', choices=RTC_MODES,
-              model_requires=('trained', 'rtc_training_max_delay')),
+              '(checkpoints trained with rtc_training_max_delay > 0); inpainting: the chunk starts from the '
+              'leftover, its velocity ramped in (GR00T N1.7\'s own). A mode the checkpoint\'s family lacks is '
+              'refused at configure, naming its modes.', choices=(AUTO,) + RTC_MODES,
+              model_requires=('trained', 'rtc_training_max_delay'), family_choices='rtc_modes'),
     ParamSpec('rtc_schedule', 'linear', 'string',
               'Guidance weights over the previous chunk, after the delay: zeros, ones, linear or exp decay.',
               choices=SCHEDULES),
@@ -463,6 +472,12 @@ def _relation_problem(spec: ParamSpec, values: Mapping[str, Any], config: Any) -
                 f'{getattr(config, spec.model_length)}')
     if spec.model_max and value is not None and value > getattr(config, spec.model_max):
         return f'{spec.name} {value} exceeds the checkpoint {spec.model_max} {getattr(config, spec.model_max)}'
+    if spec.family_choices and value != AUTO:
+        capabilities = type_capabilities(config.policy_type)
+        choices = getattr(capabilities, spec.family_choices) if capabilities is not None else None
+        if choices is not None and value not in choices:
+            return (f'{spec.name} {value} is not a mode of the {config.policy_type} family (its modes: '
+                    f'{", ".join(choices) or "none"}; {AUTO} picks {choices[0] if choices else "none"})')
     if spec.model_requires and value == spec.model_requires[0] and not getattr(config, spec.model_requires[1]) > 0:
         return (f'{spec.name} {value} needs a checkpoint with {spec.model_requires[1]} > 0, this one has '
                 f'{getattr(config, spec.model_requires[1])}')

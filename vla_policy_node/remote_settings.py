@@ -16,9 +16,9 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
 from .params import ParameterError, effective
-from .policy.checkpoint import CheckpointError, load_normalizers
+from .policy.checkpoint import CheckpointError
 from .policy.config_fields import ConfigError
-from .policy.families import folder_config
+from .policy.families import folder_statistics
 from .policy.family import PolicyLevelFields
 from .remote.client import RemoteBackend, RemoteSettings, public_url
 from .wire.profiles import PROFILES, KeyMapError, default_cameras, resolve_key_map
@@ -60,13 +60,12 @@ def _stats(values: Mapping[str, Any]) -> Tuple[Optional[Any], Optional[Tuple[Any
         return None, None
     folder = Path(path)
     try:
-        config = folder_config(folder)          # any family's stats folder (pi0, pi0.5, SmolVLA ...)
-        normalizers = load_normalizers(folder, config)
+        config, *normalizers = folder_statistics(folder)      # any family's statistics, by its own processor steps
     except (ConfigError, CheckpointError, OSError) as exc:
         raise ParameterError(f'remote_stats_path {path}: {exc}') from exc
     if config.use_relative_actions:
         raise ParameterError(f'remote_stats_path {path}: relative-action checkpoints are not supported remotely')
-    return config, normalizers
+    return config, tuple(normalizers)
 
 
 def remote_config(values: Mapping[str, Any], metadata: Mapping[str, Any],

@@ -48,7 +48,7 @@ class TickSettings:
     stamp_mode: str = 'zero'
     lower_limits: Tuple[float, ...] = ()
     upper_limits: Tuple[float, ...] = ()
-    num_steps: int = 10
+    num_steps: int = 0                  # 0: the checkpoint's num_inference_steps
     seed: Optional[int] = None          # None: fresh noise every tick
     cache_enabled: bool = True
     max_instruction_length: int = 500

@@ -67,6 +67,9 @@ class LoadedCheckpoint:
     action_normalizer: FeatureNormalizer
     weights_path: Path
     tokenizer_path: Optional[Path]
+    # Why no tokenizer was found beside the folder (where the family looked), for the load's refusal; None: the
+    # generic message.
+    tokenizer_problem: Optional[str] = None
 
 
 # ---- weights -----------------------------------------------------------------------

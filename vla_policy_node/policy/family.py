@@ -46,7 +46,8 @@ from torch import nn
 
 from ..cache.context import PrefixContext
 from . import action_space
-from .checkpoint import LoadedCheckpoint, WeightKeys, read_config_json
+from .checkpoint import (LoadedCheckpoint, WeightKeys, check_relative_action_steps, find_tokenizer,
+                         load_normalizers, read_config_json)
 from .layers import MixedPrecisionPolicy
 from .normalize import FeatureNormalizer
 from .rtc import RTC_MODES, RTCSettings, prepare_guide, stack_guides
@@ -409,6 +410,9 @@ class TokenizerSource:
     file_name: str          # the file the family reads from tokenizer/ (tokenizer.model, tokenizer.json)
     hub_name: str           # the Hub repository lerobot's tokenizer step names when the checkpoint does not
     access_note: str = ''   # what to do first (a gated repository's licence), or '' for a generic note
+    # File patterns the fetch takes instead of ``file_name`` alone (huggingface-cli's --include), for a family
+    # that reads a folder of files (a chat template and an image processor's settings beside the tokenizer).
+    include: Tuple[str, ...] = ()
 
 
 # One decoded camera frame per slot, in model order: (name, uint8 [H, W, 3] RGB, or None for a masked slot).
@@ -498,8 +502,25 @@ class PolicyFamily(DeclaredInterface, ABC, abstract=True):
     @classmethod
     @abstractmethod
     def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
-                        dtype: torch.dtype) -> LoadedCheckpoint:
-        """Config (from config.json ``raw``), strict weights and statistics -> checkpoint.LoadedCheckpoint."""
+                        dtype: torch.dtype, tokenizer_path: Optional[Path] = None) -> LoadedCheckpoint:
+        """Config (from config.json ``raw``), strict weights and statistics -> checkpoint.LoadedCheckpoint.
+        ``tokenizer_path``: the tokenizer the user named (the node's parameter), for a family whose config reads
+        settings beside its tokenizer (an image processor's); None: the one beside the folder, if any."""
+
+    @classmethod
+    def folder_normalizers(cls, folder: Path, config: PolicyLevelConfig) -> Tuple[Any, Any]:
+        """The state and action normalisers of a folder's processor files (no weights; the doctor, a remote
+        backend's statistics, the loaders); CheckpointError naming what is wrong. Default: lerobot's
+        normalizer / unnormalizer steps, the relative-action steps checked against config.json."""
+        state, action = load_normalizers(folder, config)
+        check_relative_action_steps(folder, config)
+        return state, action
+
+    @classmethod
+    def folder_tokenizer(cls, folder: Path, config: PolicyLevelConfig) -> Optional[Path]:
+        """The tokenizer beside a folder (what ``tokenizer_class.from_path`` takes), or None. Default:
+        <folder>/tokenizer/ (checkpoint.find_tokenizer)."""
+        return find_tokenizer(folder)
 
     @classmethod
     @abstractmethod
@@ -513,18 +534,24 @@ class PolicyFamily(DeclaredInterface, ABC, abstract=True):
              tokenizer_path: Optional[Path] = None, **options: Any) -> 'PolicyFamily':
         """A lerobot ``pretrained_model/`` folder -> a loaded policy (strict: refusals name what is wrong)."""
         options = cls.checked_options(options)     # refuse another family's option before loading anything
-        loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype)
+        loaded = cls.load_checkpoint(folder, read_config_json(folder), device, dtype, tokenizer_path)
         tokenizer_file = tokenizer_path or loaded.tokenizer_path
         if tokenizer_file is None:
-            raise TokenizerError(f'{folder} has no tokenizer/ folder; pass tokenizer_path= pointing at '
-                                 f'{cls.tokenizer_hint}, or run `vla_policy_check_checkpoint {folder}`: it prints '
-                                 'the command that fetches it')
+            where = loaded.tokenizer_problem or f'{folder} has no tokenizer/ folder'
+            raise TokenizerError(f'{where}; pass tokenizer_path= pointing at {cls.tokenizer_hint}, or run '
+                                 f'`vla_policy_check_checkpoint {folder}`: it prints the command that fetches it')
         tokenizer = cls.tokenizer_class.from_path(tokenizer_file)
         if tokenizer.vocab_size > loaded.config.vocab_size:
             raise TokenizerError(f'tokenizer {tokenizer_file} has {tokenizer.vocab_size} tokens, more than the '
                                  f'model embedding ({loaded.config.vocab_size})')
+        cls.check_tokenizer(tokenizer, loaded.config, Path(tokenizer_file))
         return cls(loaded.config, loaded.model, loaded.state_normalizer, loaded.action_normalizer, tokenizer,
                    loaded.weights_path, **options)
+
+    @classmethod
+    def check_tokenizer(cls, tokenizer: Any, config: PolicyLevelConfig, path: Path) -> None:
+        """What else a loaded tokenizer must agree on with the config (TokenizerError naming it); the vocabulary
+        size is checked already. Default: nothing."""
 
     # ---- writing random-weight checkpoints (the embedded tiny default, tests, benchmarks) ---------------------
     @classmethod
@@ -594,6 +621,12 @@ class PolicyFamily(DeclaredInterface, ABC, abstract=True):
         """The settings ``prefix_inputs`` depends on that the weights, the tokenizer and the tokens do not fix
         (an image processor's sizes read from beside the tokenizer), for the cache key; '' when none."""
         return ''
+
+    def default_prompt_buckets(self) -> Tuple[int, ...]:
+        """The prompt buckets (fast_path.py) the runtime uses when it is given none: () is one bucket at
+        tokenizer_max_length (a prompt padded to its bound); a family whose prompts vary widely in length can offer
+        smaller ones (each a shape of its own: a workspace and, with graphs, one graph per chunking mode)."""
+        return ()
 
     def embodiment_id(self) -> Optional[int]:
         """The embodiment the action side runs as (it selects per-embodiment action weights), from the family's

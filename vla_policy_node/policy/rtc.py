@@ -21,6 +21,15 @@ trained (checkpoints with ``rtc_training_max_delay`` > 0; lerobot
 ``policies/pi05/modeling_pi05.py`` _prepare_trained_rtc_prefix): the first d
 actions are clamped to Y before and after every Euler step and their tokens see
 time 0 (clean), so the time condition becomes per token.
+
+inpainting (a family whose time runs 0 -> 1 and that continues a chunk by
+starting from the leftover: GR00T N1.7's get_action_with_features): the
+family's own ``rtc_guide`` prepares it (the leftover in the first rows of the
+start, frozen rows, a velocity ramp); this module only names the mode.
+
+A family honours some of these modes (``FamilyCapabilities.rtc_modes``);
+``AUTO`` asks for the family's first one (``RTCSettings.resolved``), so the
+node's rtc_mode default fits every family.
 """
 from __future__ import annotations
 
@@ -31,13 +40,15 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-RTC_MODES = ('guided', 'trained')
+RTC_MODES = ('guided', 'trained', 'inpainting')
+AUTO = 'auto'
 SCHEDULES = ('zeros', 'ones', 'linear', 'exp')
 
 
 @dataclass(frozen=True)
 class RTCSettings:
-    """How a chunk follows the previous one; lerobot RTCConfig's defaults."""
+    """How a chunk follows the previous one; lerobot RTCConfig's defaults. ``mode`` AUTO: the family's first
+    mode, resolved by the runtime that runs the chunk (``resolved``)."""
 
     mode: str = 'guided'
     schedule: str = 'linear'
@@ -45,14 +56,25 @@ class RTCSettings:
     execution_horizon: int = 10
 
     def __post_init__(self) -> None:
-        if self.mode not in RTC_MODES:
-            raise ValueError(f'rtc mode must be one of {RTC_MODES}, got {self.mode!r}')
+        if self.mode not in RTC_MODES + (AUTO,):
+            raise ValueError(f'rtc mode must be one of {RTC_MODES + (AUTO,)}, got {self.mode!r}')
         if self.schedule not in SCHEDULES:
             raise ValueError(f'rtc schedule must be one of {SCHEDULES}, got {self.schedule!r}')
         if not self.max_guidance_weight > 0:
             raise ValueError(f'max_guidance_weight must be > 0, got {self.max_guidance_weight}')
         if self.execution_horizon < 1:
             raise ValueError(f'execution_horizon must be >= 1, got {self.execution_horizon}')
+
+
+def resolved(rtc: Optional[RTCSettings], modes: Sequence[str]) -> Optional[RTCSettings]:
+    """``rtc`` with AUTO replaced by the first of a family's ``modes`` (its capabilities' rtc_modes); unchanged
+    otherwise, also when that mode is not among ``modes`` (the runtime refuses it by name). ValueError for AUTO
+    with no modes at all."""
+    if rtc is None or rtc.mode != AUTO:
+        return rtc
+    if not modes:
+        raise ValueError('rtc mode "auto": this policy family has no real-time chunking mode')
+    return dataclasses.replace(rtc, mode=modes[0])
 
 
 def prefix_weights(start: int, end: int, total: int, schedule: str) -> torch.Tensor:
@@ -122,6 +144,8 @@ def prepare_guide(prev_chunk_left_over: Optional[torch.Tensor], noise: torch.Ten
     """
     if rtc is None or prev_chunk_left_over is None or prev_chunk_left_over.shape[-2] == 0:
         return None
+    if rtc.mode not in ('guided', 'trained'):
+        raise ValueError(f'rtc mode {rtc.mode!r} is a family\'s own (its rtc_guide), not guided or trained RTC')
     batch, horizon, action_dim = noise.shape
     prev = prev_chunk_left_over.to(device=noise.device, dtype=torch.float32)
     prev = prev[None] if prev.dim() == 2 else prev

@@ -156,7 +156,7 @@ class RemoteBackend:
             message['seed'] = int(seed)
         if noise is not None and 'noise' in extensions:
             message['noise'] = np.asarray(noise, dtype=np.float32)
-        if num_steps is not None and 'num_steps' in extensions:
+        if num_steps and 'num_steps' in extensions:          # 0 / None: the server's checkpoint's own
             message['num_steps'] = int(num_steps)
         continued = False
         if rtc is not None and prev_actions is not None and 'prev_actions' in extensions:

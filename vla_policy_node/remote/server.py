@@ -40,7 +40,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ..observation import Observation, ObservationError
 from ..observation_checks import rgb_from_float
-from ..policy.rtc import RTCSettings
+from ..policy.rtc import AUTO, RTCSettings
 from ..runtime.batch import infer_batch
 from ..wire import codec
 from ..wire.profiles import LAYOUTS
@@ -128,7 +128,7 @@ def parse_request(message: Any, camera_keys: Mapping[str, str]) -> Tuple[Observa
     rtc = message.get('rtc')
     if isinstance(rtc, Mapping):
         try:
-            options['rtc'] = RTCSettings(mode=str(rtc.get('mode', 'guided')),
+            options['rtc'] = RTCSettings(mode=str(rtc.get('mode', AUTO)),
                                          schedule=str(rtc.get('schedule', 'linear')),
                                          max_guidance_weight=float(rtc.get('max_guidance_weight', 10.0)),
                                          execution_horizon=int(rtc.get('execution_horizon', 10)))

@@ -55,7 +55,8 @@ def infer_batch(runtime: PolicyRuntime, items: Sequence[BatchItem]) -> List[Outc
     for observation, options in items:
         slot = _Slot(observation)
         try:
-            slot.request = infer_request(runtime.cache_enabled, **options)
+            slot.request = infer_request(runtime.cache_enabled, **options,
+                                         rtc_modes=runtime.policy.capabilities.rtc_modes)
         except (TypeError, ValueError) as exc:
             slot.outcome = exc
         slots.append(slot)

@@ -3,13 +3,13 @@ real-time-chunking leftover and the embodiment. Each is checked (ObservationErro
 looked at."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..observation import ObservationError
-from ..policy.rtc import RTCSettings
+from ..policy.rtc import RTCSettings, resolved
 
 
 def checked_steps(steps: int) -> int:
@@ -63,6 +63,14 @@ def leftover_tensor(prev_chunk_left_over: Optional[np.ndarray], prev_actions: Op
     if name == 'prev_actions':
         array = to_model_space(array, raw_state)
     return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(device)
+
+
+def resolved_rtc(rtc: Optional[RTCSettings], modes: Sequence[str]) -> Optional[RTCSettings]:
+    """The settings with mode "auto" as the family's first RTC mode (policy/rtc.py ``resolved``)."""
+    try:
+        return resolved(rtc, modes)
+    except ValueError as exc:
+        raise ObservationError('rtc', str(exc)) from exc
 
 
 def check_rtc(rtc: Optional[RTCSettings], inference_delay: int, training_max_delay: int, capabilities: Any) -> None:

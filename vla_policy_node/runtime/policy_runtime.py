@@ -42,7 +42,8 @@ from ..policy.quant import check_device, quantize_model
 from ..policy.rtc import RTCSettings
 from . import report
 from .chunk import ActionChunk
-from .denoise_inputs import checked_steps, check_rtc, embodiment_tensor, leftover_tensor, noise_tensor, state_row
+from .denoise_inputs import (checked_steps, check_rtc, embodiment_tensor, leftover_tensor, noise_tensor,
+                             resolved_rtc, state_row)
 from .devices import resolve_device, resolve_dtype
 from .stage_timer import StageTimer
 from .warmup import warm_up
@@ -86,15 +87,16 @@ def infer_request(cache_enabled: bool, noise: Optional[np.ndarray] = None, seed:
                   max_instruction_length: int = MAX_INSTRUCTION_CHARS, *, max_image_pixels: int = DEFAULT_MAX_PIXELS,
                   prev_chunk_left_over: Optional[np.ndarray] = None, prev_actions: Optional[np.ndarray] = None,
                   inference_delay: int = 0, execution_horizon: Optional[int] = None,
-                  rtc: Optional[RTCSettings] = None) -> _Request:
+                  rtc: Optional[RTCSettings] = None, rtc_modes: Sequence[str] = ()) -> _Request:
     """``PolicyRuntime.infer``'s keyword arguments as one request, the runtime's defaults applied (``use_cache``
-    None: ``cache_enabled``); runtime/batch.py builds each robot's request of a batch with it too."""
+    None: ``cache_enabled``; rtc mode "auto": the first of the family's ``rtc_modes``); runtime/batch.py builds
+    each robot's request of a batch with it too."""
     return _Request(noise=noise, seed=seed, num_steps=num_steps,
                     use_cache=cache_enabled if use_cache is None else use_cache,
                     max_instruction_length=min(int(max_instruction_length), MAX_INSTRUCTION_CHARS),
                     max_image_pixels=int(max_image_pixels), prev_chunk_left_over=prev_chunk_left_over,
                     prev_actions=prev_actions, inference_delay=int(inference_delay),
-                    execution_horizon=execution_horizon, rtc=rtc)
+                    execution_horizon=execution_horizon, rtc=resolved_rtc(rtc, rtc_modes))
 
 
 class PolicyRuntime:
@@ -113,8 +115,9 @@ class PolicyRuntime:
         The fast path (fast_path.py): ``cuda_graphs`` auto | on | off (``on`` without CUDA raises
         FastPathError); ``static_workspace`` runs the denoise through the static K/V workspace eagerly (what
         the graphs replay; implied by graphs); ``prompt_buckets`` pads the prompt to the smallest bucket that
-        holds it (default: one bucket at tokenizer_max_length); ``compile_denoise`` wraps the loop in
-        torch.compile (off by default: Jetson wheels have no Triton); ``max_graphs`` / ``max_graph_bytes``
+        holds it (default: the family's ``default_prompt_buckets``, else one at tokenizer_max_length);
+        ``compile_denoise`` wraps the loop in torch.compile (off by default: Jetson wheels have no Triton);
+        ``max_graphs`` / ``max_graph_bytes``
         bound the graphs (count; bytes of their pools, static inputs and the workspaces). ``warmup()``
         captures them; a shape it did not capture runs eagerly. ``quantization`` none | int8_weights | fp8
         quantizes the model's weights in place (policy/quant.py; QuantizationError where the device cannot run
@@ -136,7 +139,8 @@ class PolicyRuntime:
         self._warned_oversize = False
         graphs = resolve_cuda_graphs(cuda_graphs, self.device)
         self.cuda_graphs = cuda_graphs
-        self.prompt_buckets = check_buckets(prompt_buckets, self.config.tokenizer_max_length)
+        self.prompt_buckets = check_buckets(prompt_buckets or policy.default_prompt_buckets(),
+                                            self.config.tokenizer_max_length)
         self._generations = Generations()
         self._fast: Optional[StaticDenoiser] = None
         self._prefix_graphs: Optional[PrefixGraphs] = None
@@ -189,7 +193,8 @@ class PolicyRuntime:
         request = infer_request(self.cache_enabled, noise, seed, num_steps, use_cache, max_instruction_length,
                                 max_image_pixels=max_image_pixels, prev_chunk_left_over=prev_chunk_left_over,
                                 prev_actions=prev_actions, inference_delay=inference_delay,
-                                execution_horizon=execution_horizon, rtc=rtc)
+                                execution_horizon=execution_horizon, rtc=rtc,
+                                rtc_modes=self.policy.capabilities.rtc_modes)
         with self._lock:
             return self._run(observation, request)
 

@@ -26,8 +26,9 @@ def chunking_modes(config: Any, rtc_modes: Sequence[str]) -> List[Dict[str, Any]
     """``infer`` keywords of every chunking mode a tick can ask for (``chunking`` and ``rtc_mode`` are live
     parameters): independent, and each RTC mode the family continues a chunk with (its capabilities'
     ``rtc_modes``), trained RTC only for a checkpoint trained for it. The leftover's values and the delay are
-    tensor contents of the graph's inputs; only their presence shapes a graph."""
-    leftover = np.zeros((1, 1))
+    tensor contents of the graph's inputs; only their presence shapes a graph. The leftover is not zero: a family
+    may read trailing all-zero rows as padding (GR00T's inpainting), which would leave nothing to continue."""
+    leftover = np.ones((1, 1))
     modes: List[Dict[str, Any]] = [{}]
     for mode in rtc_modes:
         if mode != 'trained':

@@ -20,12 +20,13 @@ import torch
 
 from ..checkpoint import CheckpointError, LoadedCheckpoint, read_config_json
 from ..config_fields import ConfigError
-from ..family import PolicyFamily
+from ..family import FamilyCapabilities, PolicyFamily
 
 FAMILIES: Dict[str, str] = {
     'pi0': 'vla_policy_node.policy.families.pi0.adapter:Pi0Family',
     'pi05': 'vla_policy_node.policy.families.pi05.adapter:Pi05Family',
     'smolvla': 'vla_policy_node.policy.families.smolvla.adapter:SmolVLAFamily',
+    'groot': 'vla_policy_node.policy.families.groot.adapter:GrootFamily',
 }
 # The family of the embedded checkpoints (builtin:demo, builtin:tiny) and the default of the tools that
 # write a random-weight checkpoint (vla_policy_make_checkpoint, the demo's comparison model).
@@ -78,6 +79,12 @@ def load_policy(folder: Union[str, Path], device: torch.device, dtype: torch.dty
     return family.load(folder, device, dtype, Path(tokenizer_path) if tokenizer_path else None, **options)
 
 
+def type_capabilities(type_name: Any) -> Optional[FamilyCapabilities]:
+    """The capabilities of the family a policy type names, or None for a type no family here reads (a remote
+    server's own); imports that family."""
+    return family_class(type_name).capabilities if type_name in FAMILIES else None
+
+
 def family_options() -> Tuple[str, ...]:
     """Every option any registered family takes (``option_defaults``), sorted; imports every family."""
     return tuple(sorted({name for type_name in FAMILIES for name in family_class(type_name).option_defaults}))
@@ -101,6 +108,16 @@ def folder_config(folder: Union[str, Path]) -> Any:
     folder = Path(folder)
     family, raw = _folder_family(folder)
     return family.folder_config(folder, raw)
+
+
+def folder_statistics(folder: Union[str, Path]) -> Tuple[Any, Any, Any]:
+    """A folder's family config and its state and action normalisers (``PolicyFamily.folder_normalizers``: the
+    processor files, no weights), for any family; ConfigError / CheckpointError as loading gives them."""
+    folder = Path(folder)
+    family, raw = _folder_family(folder)
+    config = family.folder_config(folder, raw)
+    state, action = family.folder_normalizers(folder, config)
+    return config, state, action
 
 
 def load_checkpoint(folder: Union[str, Path], device: torch.device, compute_dtype: torch.dtype) -> LoadedCheckpoint:

@@ -74,7 +74,7 @@ class Pi0Family(PolicyFamily):
 
     @classmethod
     def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
-                        dtype: torch.dtype) -> LoadedCheckpoint:
+                        dtype: torch.dtype, tokenizer_path: Optional[Path] = None) -> LoadedCheckpoint:
         try:
             config = cls.parse_config(raw)
         except ConfigError as exc:

@@ -76,7 +76,7 @@ class SmolVLAFamily(PolicyFamily):
 
     @classmethod
     def load_checkpoint(cls, folder: Path, raw: Mapping[str, Any], device: torch.device,
-                        dtype: torch.dtype) -> LoadedCheckpoint:
+                        dtype: torch.dtype, tokenizer_path: Optional[Path] = None) -> LoadedCheckpoint:
         try:
             config = cls.folder_config(folder, raw)
         except ConfigError as exc:

@@ -1,0 +1,1 @@
+"""GR00T N1.7 (lerobot policies/groot): the family GrootFamily (adapter.py) and its modules."""
