@@ -697,6 +697,18 @@ def assert_no_new_trajectories(rig: TestRig, seconds: float, settle: float = 0.6
     assert after == before, f'{after - before} trajectories arrived while none should'
 
 
+def assert_no_policy_after_hold(rig: TestRig, since: int, seconds: float) -> None:
+    """For ``seconds``, no policy trajectory follows the first hold received after index ``since``. One writer
+    delivers in order, so whatever the node published before the hold arrived before it: nothing after the hold
+    can be a tick that was already in flight, whatever the machine's load."""
+    trajectories = rig.trajectories_since(since)
+    first_hold = next((i for i, m in enumerate(trajectories) if is_hold(m)), None)
+    assert first_hold is not None, 'no hold received'
+    time.sleep(seconds)
+    after = [m for m in rig.trajectories_since(since + first_hold + 1) if not is_hold(m)]
+    assert after == [], f'{len(after)} policy trajectories after the hold: {after}'
+
+
 def diag_int(values: Optional[Dict[str, object]], key: str) -> int:
     if not values or key not in values:
         return 0
@@ -743,10 +755,12 @@ def first_chunk_observed_since(rig: TestRig, start_ns: int, timeout: float, sinc
                          f'{rig.last_diagnostics()}')
 
 
-def implausible_stamps(rig: TestRig, chunk_sec: float, allowance_sec: float = 1.0) -> List[str]:
+def implausible_stamps(rig: TestRig, chunk_sec: float, allowance_sec: float = 2.5) -> List[str]:
     """stamp_mode observation: every policy chunk must be stamped at an observation the node could have made:
     not after the rig received it, and not so long before that the whole chunk (``chunk_sec``) was due before
-    it was published, give or take ``allowance_sec`` of delivery on a loaded machine. Holds: stamp zero."""
+    it was published, give or take ``allowance_sec`` of delivery on a loaded machine (the rig's callbacks were
+    seen 1.1 s late with the suite on two workers). The window stays under the 5 s clock step of the jump tests,
+    so a frame timed from a stale estimate is still caught. Holds: stamp zero."""
     with rig._lock:
         received = list(zip(rig.trajectories, rig.trajectory_received_ns))
     found = []

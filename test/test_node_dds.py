@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dds_helpers import (CAMERAS, image_msg, INSTRUCTION_TOPIC, JOINT_STATES_TOPIC, JOINTS, LOADED_MACHINE_AGE_SEC,
-                         LOADED_MACHINE_WAIT_SEC, NS, NodeProcess, TestRig, assert_no_new_trajectories, base_params,
-                         camera_topic,
+                         LOADED_MACHINE_WAIT_SEC, NS, NodeProcess, TestRig, assert_no_new_trajectories,
+                         assert_no_policy_after_hold, base_params, camera_topic,
                          check_chunk_timing, check_jtc, diag_int, is_hold, wait_for_policy_trajectories,
                          isolate, make_frame, pick_domain_id, positions_of, stamp_ns, times_of)
 
@@ -352,7 +352,10 @@ def test_bad_input_skips_ticks_holds_the_arm_then_recovers(live, fault):
     else:
         # Held, after any chunk already in flight: the last thing the controller got is a hold.
         assert holds and received[-1] is holds[-1], [len(m.points) for m in received]
-    assert_no_new_trajectories(rig, 1.2, settle=0.0)
+    if holds:
+        assert_no_policy_after_hold(rig, since + received.index(holds[-1]), 1.2)
+    else:
+        assert_no_new_trajectories(rig, 1.2, settle=0.0)
     rig.wait_for_diagnostics(lambda d: d['level'] == DiagnosticStatus.WARN and reason in d.get('last_skip', '')
                              and d.get('supervisor_state') == 'held: input_fault', timeout=WAIT)
     assert node.alive(), node.log_tail()

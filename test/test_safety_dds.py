@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from dds_helpers import (CAMERAS, JOINTS, LOADED_MACHINE_WAIT_SEC, NodeProcess, TestRig, assert_no_new_trajectories,
+from dds_helpers import (CAMERAS, JOINTS, LOADED_MACHINE_WAIT_SEC, NodeProcess, TestRig, assert_no_policy_after_hold,
                          base_params, check_jtc, diag_int, is_hold, isolate, pick_domain_id, positions_of, times_of,
                          wait_for_policy_trajectories)
 
@@ -89,9 +89,7 @@ def test_a_camera_that_stops_holds_the_arm_until_it_returns(live):
     assert_holds_at(hold, rig.joint_positions)
     rig.wait_for_diagnostics(lambda d: diag_int(d, 'skipped_camera_stale') > 0, timeout=WAIT)
     # No policy trajectory after the hold while the camera is away.
-    after_hold = rig.trajectory_count()
-    assert_no_new_trajectories(rig, 1.0, settle=0.0)
-    assert rig.trajectory_count() == after_hold
+    assert_no_policy_after_hold(rig, since, 1.0)
     rig.wait_for_diagnostics(lambda d: d.get('supervisor_state') == 'held: input_fault'
                              and d['level'] == DiagnosticStatus.WARN)
     rig.set_inputs(paused_cameras=set())
@@ -109,11 +107,11 @@ def test_estop_latches_survives_good_inputs_and_resets_only_through_the_service(
         values = rig.wait_for_diagnostics(lambda d: d.get('supervisor_state') == 'estop')
         assert values['level'] == DiagnosticStatus.ERROR and diag_int(values, 'holds_estop') >= 1
         # Inputs are all good, and still nothing moves.
-        assert_no_new_trajectories(rig, 1.0, settle=0.2)
+        assert_no_policy_after_hold(rig, since, 1.0)
         refused = rig.reset_estop()
         assert not refused.success and 'still true' in refused.message
         rig.publish_estop(False)
-        assert_no_new_trajectories(rig, 0.6, settle=0.2)     # releasing the input is not a reset
+        assert_no_policy_after_hold(rig, since, 0.6)         # releasing the input is not a reset
         reset = rig.reset_estop()
         assert reset.success, reset.message
         wait_for_policy_trajectories(rig, 2, timeout=WAIT, since=rig.trajectory_count())
@@ -157,8 +155,7 @@ def test_a_point_past_max_position_step_is_clamped_or_refused(live):
         assert rig.set_parameters(limit_mode='hold')[0].successful
         assert_holds_at(wait_for_hold(rig, since)[0], measured)
         rig.wait_for_diagnostics(lambda d: d.get('supervisor_state') == 'held: limit')
-        assert not [m for m in rig.trajectories_since(rig.trajectory_count() - 1) if not is_hold(m)]
-        assert_no_new_trajectories(rig, 0.8, settle=0.3)
+        assert_no_policy_after_hold(rig, since, 0.8)
     finally:
         rig.set_parameters(max_position_step=[1e6] * 6, limit_mode='clamp')
     wait_for_policy_trajectories(rig, 1, timeout=WAIT, since=rig.trajectory_count())
@@ -178,7 +175,7 @@ def test_deactivate_holds_and_ramp_in_starts_at_the_measured_position(live):
             held = [m for m in rig.trajectories_since(since) if is_hold(m)]
         assert held, 'deactivate published no hold'
         assert_holds_at(held[-1], rig.joint_positions)
-        assert_no_new_trajectories(rig, 0.6, settle=0.2)
+        assert_no_policy_after_hold(rig, since, 0.6)
         rig.set_inputs(joint_positions=[0.4, 0.1, -0.2, 0.3, -0.3, 0.05])    # the arm was moved meanwhile
         time.sleep(0.3)
         since = rig.trajectory_count()
