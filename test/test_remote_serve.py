@@ -3,6 +3,7 @@ keys, seed and RTC extensions equal to local inference, the bounded queue, the r
 and 4 concurrent clients for VLA_SERVE_SOAK_SEC (default 60 s) with every reply correct and RSS flat."""
 import asyncio
 import contextlib
+import hmac
 import os
 import threading
 import time
@@ -75,6 +76,33 @@ def test_healthz_metadata_first_and_the_api_key(server, local):
         assert metadata['server'] == 'vla_policy_serve' and 'prev_actions' in metadata['extensions']
         assert metadata['policy']['action_dim'] == local.config.action_dim
         assert metadata['policy']['camera_names'] == list(local.config.camera_names)
+
+
+def test_the_api_key_is_checked_in_constant_time_whatever_the_header_holds(local, monkeypatch):
+    compared = []
+    real_compare = hmac.compare_digest
+    monkeypatch.setattr(hmac, 'compare_digest', lambda a, b: compared.append((type(a), type(b))) or real_compare(a, b))
+    server = PolicyServer(local, api_key=KEY)
+
+    class Connection:
+        @staticmethod
+        def respond(status, text):
+            return int(status)
+
+    class Request:
+        def __init__(self, headers, path='/'):
+            self.path, self.headers = path, headers
+
+    try:
+        for header in ({}, {'Authorization': ''}, {'Authorization': f'Api-Key {KEY[:-1]}'},
+                       {'Authorization': f'Api-Key {KEY}\u00e9\udcff'}):
+            assert server.process_request(Connection, Request(header)) == 401
+        assert server.process_request(Connection, Request({'Authorization': f'Api-Key {KEY}'})) is None
+        assert server.process_request(Connection, Request({}, '/healthz')) == 200
+        # hmac.compare_digest on bytes: a str == would take longer the more leading bytes of the key are right.
+        assert compared == [(bytes, bytes)] * 5
+    finally:
+        server.queue.close()
 
 
 def test_raw_frames_and_seed_give_local_inference_and_bad_requests_keep_the_connection(server, local):

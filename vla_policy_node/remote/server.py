@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import http
 import logging
 import signal
@@ -43,6 +42,7 @@ from ..observation_checks import rgb_from_float
 from ..policy.rtc import AUTO, RTCSettings
 from ..runtime.batch import infer_batch
 from ..wire import codec
+from ..wire.auth import carries_key
 from ..wire.profiles import LAYOUTS
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_WINDOW_MS, BatchingQueue, QueueFull
 from .logs import websockets_logger
@@ -192,8 +192,7 @@ class PolicyServer:
         if request.path == '/healthz':
             return connection.respond(http.HTTPStatus.OK, 'OK\n')
         if self._api_key:
-            given = request.headers.get('Authorization', '')
-            if not hmac.compare_digest(given.encode(), f'Api-Key {self._api_key}'.encode()):
+            if not carries_key(request.headers.get('Authorization'), self._api_key):
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, 'missing or wrong API key\n')
         return None
 
