@@ -206,6 +206,37 @@ def test_the_queue_is_bounded_with_a_clear_refusal(local):
     assert all(isinstance(codec.unpackb(r, 1 << 20)['actions'], np.ndarray) for r in replies if isinstance(r, bytes))
 
 
+def test_connections_are_capped_with_a_clear_refusal_and_a_closed_one_frees_its_place(local):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    server = PolicyServer(_SlowRuntime(local.config), max_connections=2)
+
+    async def scenario():
+        stop, ready = asyncio.Event(), asyncio.get_running_loop().create_future()
+        serving = asyncio.ensure_future(server.run('127.0.0.1', 0, ready.set_result, stop))
+        url = f'ws://127.0.0.1:{await ready}/'
+        first, second = await connect(url, compression=None), await connect(url, compression=None)
+        for client in (first, second):
+            assert codec.unpackb(await client.recv(), 1 << 20)['server'] == 'vla_policy_serve'
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(url, compression=None)
+        assert refused.value.response.status_code == 503 and b'max_connections' in refused.value.response.body
+        await first.close()
+        for _ in range(100):                 # the server sees the close on its own loop turn
+            if server.connections < 2:
+                break
+            await asyncio.sleep(0.05)
+        third = await connect(url, compression=None)
+        assert codec.unpackb(await third.recv(), 1 << 20)['server'] == 'vla_policy_serve'
+        await third.close()
+        await second.close()
+        stop.set()
+        await serving
+
+    asyncio.run(scenario())
+
+
 def test_replay_with_backend_remote_equals_local(server, checkpoint, tmp_path):
     from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag
     from vla_policy_node.replay.offline import replay
