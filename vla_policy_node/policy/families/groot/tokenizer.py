@@ -81,7 +81,6 @@ class QwenChatTokenizer:
         self._tok, self.image_token_id = load_hf_tokenizer(json_bytes, folder / HF_TOKENIZER_FILE, IMAGE_PAD,
                                                            'a Qwen3-VL tokenizer has it')
         self.folder = folder
-        self.template_source = template
         self._template = _compile(template, folder)
         # The special tokens transformers hands the template (tokenizer.special_tokens_map).
         self._template_tokens = {name: token for name in ('bos_token', 'eos_token', 'unk_token', 'pad_token')
