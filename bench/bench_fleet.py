@@ -24,10 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
 import random
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,26 +42,12 @@ from vla_policy_node.observation import Observation  # noqa: E402
 from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
 from vla_policy_node.runtime import PolicyRuntime, set_cpu_threads  # noqa: E402
 from vla_policy_node.wire import codec  # noqa: E402
+from serve_process import start_server  # noqa: E402
 
 CAMERAS = ('base_0_rgb', 'left_wrist_0_rgb')
 STATE_DIM = 6
 BATCHING = ['--max-batch', '8', '--batch-window-ms', '2']
-
-
-def start_server(checkpoint: Path, log: Path, extra: Sequence[str]):
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
-    proc = subprocess.Popen([sys.executable, '-m', 'vla_policy_node.remote.server', '--checkpoint', str(checkpoint),
-                             '--port', '0', '--device', 'cpu', '--dtype', 'float32', '--max-queue', '16', *extra],
-                            stdout=open(log, 'wb'), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = re.findall(r'on ws://127\.0\.0\.1:(\d+) ', log.read_text(errors='replace'))
-        if found:
-            return proc, int(found[-1])
-        if proc.poll() is not None:
-            raise SystemExit(f'vla_policy_serve exited:\n{log.read_text()}')
-        time.sleep(0.1)
-    raise SystemExit('vla_policy_serve did not start')
+QUEUE = ['--max-queue', '16']
 
 
 class Traffic:
@@ -146,7 +129,7 @@ def batching_table(checkpoint: Path, work: Path, counts: Sequence[int], rate_hz:
     print(f'{"N":>3} {"server":<10} {"load":<10} {"replies/s":>10} {"p50 ms":>8} {"p95 ms":>8} {"hit rate":>9}')
     runs: Dict[Tuple[str, str, int], List[Dict[str, float]]] = {}
     loads = ((f'{rate_hz:g} Hz', rate_hz), ('saturated', 0.0))
-    servers = {mode: start_server(checkpoint, work / f'serve_{mode}.log', extra)
+    servers = {mode: start_server(checkpoint, work / f'serve_{mode}.log', QUEUE + extra)
                for mode, extra in (('serial', []), ('batching', BATCHING))}
     try:
         for load, rate in loads:

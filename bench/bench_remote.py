@@ -12,9 +12,6 @@ receive, and the client's reply checks. Target: <= 2 ms p50 added (raw frames).
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +27,7 @@ from vla_policy_node.params import resolve_values  # noqa: E402
 from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
 from vla_policy_node.remote_settings import load_remote  # noqa: E402
 from vla_policy_node.runtime import PolicyRuntime, set_cpu_threads  # noqa: E402
+from serve_process import start_server  # noqa: E402
 
 JOINTS = [f'joint_{i}' for i in range(1, 7)]
 
@@ -37,22 +35,6 @@ JOINTS = [f'joint_{i}' for i in range(1, 7)]
 def percentiles(values):
     array = np.asarray(values)
     return float(np.percentile(array, 50)), float(np.percentile(array, 95))
-
-
-def start_server(checkpoint: Path, threads: int, log: Path):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
-    proc = subprocess.Popen([sys.executable, '-m', 'vla_policy_node.remote.server', '--checkpoint', str(checkpoint),
-                             '--port', '0', '--device', 'cpu', '--dtype', 'float32'],
-                            stdout=open(log, 'wb'), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = re.findall(r'on ws://127\.0\.0\.1:(\d+) ', log.read_text(errors='replace'))
-        if found:
-            return proc, int(found[-1])
-        if proc.poll() is not None:
-            raise SystemExit(f'vla_policy_serve exited:\n{log.read_text()}')
-        time.sleep(0.1)
-    raise SystemExit('vla_policy_serve did not start')
 
 
 def measure_local(runtime, observation, runs):
@@ -97,7 +79,7 @@ def main(argv=None) -> int:
     frames = {name: rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
               for name in runtime.config.camera_names}
     observation = Observation(frames, np.zeros(runtime.config.state_dim), 'pick up the red block')
-    proc, port = start_server(checkpoint, args.threads, work / 'serve.log')
+    proc, port = start_server(checkpoint, work / 'serve.log', threads=args.threads)
     try:
         local = measure_local(runtime, observation, args.runs)
         local_p50, local_p95 = percentiles(local)

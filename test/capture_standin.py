@@ -115,14 +115,6 @@ def _storage_key(tensor: torch.Tensor) -> Optional[int]:
     return storage.data_ptr() if storage.nbytes() else None
 
 
-def _device_of(value: Any) -> Optional[torch.device]:
-    if isinstance(value, torch.Tensor):
-        return value.device
-    if isinstance(value, (str, torch.device)):
-        return torch.device(value)
-    return None
-
-
 # ---- the modes --------------------------------------------------------------------------------------------
 
 class _FunctionChecks(TorchFunctionMode):

@@ -237,6 +237,9 @@ def write_tiny_groot(root: Path, variant: str = 'flat', seed: int = 0, formalize
     inputs = {f'observation.images.{name}': {'type': 'VISUAL', 'shape': [3, FRAME_SHAPE[0], FRAME_SHAPE[1]]}
               for name in CAMERAS}
     inputs['observation.state'] = {'type': 'STATE', 'shape': [STATE_DIM]}
+    # Deliberately spelled out apart from the package's writer (groot/folder.py groot_config_document): this is
+    # the independent reference of lerobot 0.6.2's config.json that the package's reader is checked against, so a
+    # slip in the package's writer cannot hide in both.
     config = {
         'type': 'groot', 'n_obs_steps': 1, 'input_features': inputs,
         'output_features': {'action': {'type': 'ACTION', 'shape': [ACTION_DIM]}}, 'device': 'cpu', 'use_amp': False,

@@ -1,10 +1,14 @@
-"""The fleet's routing table and configuration, without Ray: robots stay on the replica holding their prefixes,
-new robots balance, the load guard spills one request, a dead replica's robots fail over, the table stays bounded;
-the options are checked in one place and a Serve config file round-trips to the same FleetConfig."""
+"""The fleet's routing table and configuration, without a Ray cluster: robots stay on the replica holding their
+prefixes, new robots balance, the load guard spills one request, a dead replica's robots fail over, the table stays
+bounded; the ingress admits plain robot names only and checks the key before the handshake; the options are checked
+in one place and a Serve config file round-trips to the same FleetConfig."""
+import asyncio
+import hmac
+
 import pytest
 import yaml
 
-from vla_policy_node.fleet.affinity import AffinityTable
+from vla_policy_node.fleet.affinity import MAX_ROBOT_NAME, AffinityTable, robot_name
 from vla_policy_node.fleet.cli import main, serve_config_yaml
 from vla_policy_node.fleet.config import FleetConfig
 
@@ -99,3 +103,76 @@ def test_the_serve_config_file_gives_back_the_same_fleet(capsys):
                  '--api-key-file', '/etc/vla/key', '--cache-max-bytes', str(1 << 30)]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == document
     assert main(['config', '--checkpoint', 'x', '--max-batch', '99']) == 2
+
+
+def test_a_robot_name_is_short_and_plain_or_refused():
+    for good in ('arm3', 'cell-2.arm_1', 'site:arm@7', 'a' * MAX_ROBOT_NAME):
+        assert robot_name(good) == good
+    for bad in ('', 'a' * (MAX_ROBOT_NAME + 1), 'arm 3', 'arm3\n[WARN] forged', 'arm/../3', 'arm\u00e9', 'a\x00'):
+        with pytest.raises(ValueError, match=r'robot name \(\?robot=.*not 1 to 128 letters'):
+            robot_name(bad)
+
+
+class FakeSocket:
+    """What FleetIngress.robot uses of a Starlette WebSocket; records what the ingress did."""
+
+    def __init__(self, query=None, authorization=None):
+        self.query_params = {} if query is None else {'robot': query}
+        self.headers = {} if authorization is None else {'authorization': authorization}
+        self.events = []
+
+    async def accept(self):
+        self.events.append('accept')
+
+    async def send_text(self, text):
+        self.events.append(('text', text))
+
+    async def send_bytes(self, data):
+        self.events.append('metadata')
+
+    async def close(self, code):
+        self.events.append(('close', code))
+
+
+class FakeIngress:
+    """FleetIngress's state as the route reads it, without Serve; ``served`` is the robot its requests go as."""
+
+    def __init__(self, api_key=''):
+        self._api_key, self._open, self.served = api_key, 0, None
+        self._connections = type('Gauge', (), {'set': lambda gauge, value: None})()
+
+    async def metadata(self):
+        return {'server': 'vla_policy_serve'}
+
+    async def _serve(self, websocket, robot):
+        self.served = robot
+
+
+def _connect(ingress, socket):
+    from vla_policy_node.fleet.ingress import FleetIngress
+    asyncio.run(FleetIngress.robot(ingress, socket))
+    return socket.events
+
+
+def test_the_ingress_refuses_a_bad_robot_name_and_a_wrong_key_before_any_request(monkeypatch):
+    pytest.importorskip('ray.serve')
+    compared = []
+    real_compare = hmac.compare_digest
+    monkeypatch.setattr(hmac, 'compare_digest', lambda a, b: compared.append((type(a), type(b))) or real_compare(a, b))
+    ingress = FakeIngress()
+    events = _connect(ingress, FakeSocket('arm3\nforged log line'))
+    assert events[0] == 'accept' and events[-1] == ('close', 1008) and ingress.served is None
+    assert events[1][0] == 'text' and events[1][1].startswith('error: bad request: the robot name')
+    assert 'forged' not in events[1][1]                   # the client's bytes are not echoed
+    _connect(ingress, FakeSocket('x' * 10_000))
+    assert ingress.served is None
+    assert _connect(ingress, FakeSocket('arm3')) == ['accept', 'metadata'] and ingress.served == 'arm3'
+    _connect(ingress, FakeSocket())
+    assert ingress.served.startswith('connection-')       # no name: the connection is a robot of its own
+    # The key: refused before the handshake (HTTP 403), whatever the header holds; the right one gets in.
+    keyed = FakeIngress(api_key='s3cret')
+    for header in (None, '', 'Api-Key s3cre', 'Api-Key s3cret ', 'Api-Key \u00e9\udcff'):
+        assert _connect(keyed, FakeSocket('arm3', header)) == [('close', 1008)] and keyed.served is None
+    assert _connect(keyed, FakeSocket('arm3', 'Api-Key s3cret'))[0] == 'accept' and keyed.served == 'arm3'
+    # Each key check took constant time: hmac.compare_digest on bytes (a str == leaks where the bytes differ).
+    assert compared == [(bytes, bytes)] * 6

@@ -3,6 +3,7 @@ keys, seed and RTC extensions equal to local inference, the bounded queue, the r
 and 4 concurrent clients for VLA_SERVE_SOAK_SEC (default 60 s) with every reply correct and RSS flat."""
 import asyncio
 import contextlib
+import hmac
 import os
 import threading
 import time
@@ -75,6 +76,33 @@ def test_healthz_metadata_first_and_the_api_key(server, local):
         assert metadata['server'] == 'vla_policy_serve' and 'prev_actions' in metadata['extensions']
         assert metadata['policy']['action_dim'] == local.config.action_dim
         assert metadata['policy']['camera_names'] == list(local.config.camera_names)
+
+
+def test_the_api_key_is_checked_in_constant_time_whatever_the_header_holds(local, monkeypatch):
+    compared = []
+    real_compare = hmac.compare_digest
+    monkeypatch.setattr(hmac, 'compare_digest', lambda a, b: compared.append((type(a), type(b))) or real_compare(a, b))
+    server = PolicyServer(local, api_key=KEY)
+
+    class Connection:
+        @staticmethod
+        def respond(status, text):
+            return int(status)
+
+    class Request:
+        def __init__(self, headers, path='/'):
+            self.path, self.headers = path, headers
+
+    try:
+        for header in ({}, {'Authorization': ''}, {'Authorization': f'Api-Key {KEY[:-1]}'},
+                       {'Authorization': f'Api-Key {KEY}\u00e9\udcff'}):
+            assert server.process_request(Connection, Request(header)) == 401
+        assert server.process_request(Connection, Request({'Authorization': f'Api-Key {KEY}'})) is None
+        assert server.process_request(Connection, Request({}, '/healthz')) == 200
+        # hmac.compare_digest on bytes: a str == would take longer the more leading bytes of the key are right.
+        assert compared == [(bytes, bytes)] * 5
+    finally:
+        server.queue.close()
 
 
 def test_raw_frames_and_seed_give_local_inference_and_bad_requests_keep_the_connection(server, local):
@@ -176,6 +204,37 @@ def test_the_queue_is_bounded_with_a_clear_refusal(local):
     busy = [r for r in replies if isinstance(r, str)]
     assert len(busy) == 3 and all('busy' in r and 'max_queue 2' in r for r in busy)
     assert all(isinstance(codec.unpackb(r, 1 << 20)['actions'], np.ndarray) for r in replies if isinstance(r, bytes))
+
+
+def test_connections_are_capped_with_a_clear_refusal_and_a_closed_one_frees_its_place(local):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    server = PolicyServer(_SlowRuntime(local.config), max_connections=2)
+
+    async def scenario():
+        stop, ready = asyncio.Event(), asyncio.get_running_loop().create_future()
+        serving = asyncio.ensure_future(server.run('127.0.0.1', 0, ready.set_result, stop))
+        url = f'ws://127.0.0.1:{await ready}/'
+        first, second = await connect(url, compression=None), await connect(url, compression=None)
+        for client in (first, second):
+            assert codec.unpackb(await client.recv(), 1 << 20)['server'] == 'vla_policy_serve'
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(url, compression=None)
+        assert refused.value.response.status_code == 503 and b'max_connections' in refused.value.response.body
+        await first.close()
+        for _ in range(100):                 # the server sees the close on its own loop turn
+            if server.connections < 2:
+                break
+            await asyncio.sleep(0.05)
+        third = await connect(url, compression=None)
+        assert codec.unpackb(await third.recv(), 1 << 20)['server'] == 'vla_policy_serve'
+        await third.close()
+        await second.close()
+        stop.set()
+        await serving
+
+    asyncio.run(scenario())
 
 
 def test_replay_with_backend_remote_equals_local(server, checkpoint, tmp_path):

@@ -71,11 +71,6 @@ class StampClock:
         self.floor: Optional[int] = None
 
     @property
-    def unsettled(self) -> bool:
-        """The newest message departs from the floor and the departure has not held yet."""
-        return bool(self._run)
-
-    @property
     def departure_ns(self) -> int:
         """How far the open run's delays sit from the floor (0 without a run)."""
         return min(delay for _, delay in self._run) - self.floor if self._run and self.floor is not None else 0

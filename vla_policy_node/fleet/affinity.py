@@ -8,7 +8,11 @@ A robot's prefix cache entries live on the replica that computed them, so its re
 - load guard: when its replica's queue is longer than the shortest queue by more than ``load_guard`` requests,
   this one request goes to the least loaded replica instead (a miss there, but no robot waits behind a
   backlog); the robot keeps its replica;
-- robots not seen for ``idle_sec`` no longer count as active and are forgotten (the table stays bounded).
+- robots not seen for ``idle_sec`` no longer count as active and are forgotten; the table holds ``max_robots`` at
+  most (the least recently seen go first), however many names clients send.
+
+A robot's name comes from the client (the ingress's ``?robot=``): ``robot_name`` admits short plain names only, so
+none can grow the table's memory or forge a log line.
 
 ``rank`` answers one request: replica ids best first. The Ray Serve request router (fleet/router.py) asks it;
 the benchmark (bench/bench_fleet.py) routes with it as well.
@@ -16,6 +20,7 @@ the benchmark (bench/bench_fleet.py) routes with it as well.
 from __future__ import annotations
 
 import collections
+import re
 import threading
 import time
 import zlib
@@ -24,6 +29,17 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 DEFAULT_LOAD_GUARD = 8
 DEFAULT_IDLE_SEC = 30.0      # a node asks every control tick, holding or not: 30 s of silence is a robot gone
 MAX_ROBOTS = 100_000
+MAX_ROBOT_NAME = 128
+_ROBOT_NAME = re.compile(r'[A-Za-z0-9._:@-]+')
+
+
+def robot_name(requested: str) -> str:
+    """``requested`` when it names a robot: 1 to MAX_ROBOT_NAME characters of letters, digits and ``._:@-``;
+    ValueError saying so otherwise."""
+    if not 0 < len(requested) <= MAX_ROBOT_NAME or not _ROBOT_NAME.fullmatch(requested):
+        raise ValueError(f'the robot name (?robot=, {len(requested)} characters) is not 1 to {MAX_ROBOT_NAME} '
+                         'letters, digits or ._:@- characters')
+    return requested
 
 
 class AffinityTable:

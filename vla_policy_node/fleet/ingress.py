@@ -10,7 +10,8 @@ backend and openpi's client connect unchanged:
 - the first frame is the policy's metadata (vla_policy_serve's, plus ``fleet``), then one reply per request;
 - each request frame goes to a policy replica (fleet/replica.py) through a handle whose request router is
   robot-affine (fleet/router.py). The robot is the connection's ``?robot=<name>`` query parameter, so a robot
-  that reconnects keeps its replica; without one, each connection is a robot of its own;
+  that reconnects keeps its replica; without one, each connection is a robot of its own; a name that is not
+  1-128 letters, digits or ``._:@-`` gets an error frame and the connection is closed (1008);
 - a replica that dies mid-request, a full queue everywhere (Serve's back-pressure), no reply within
   ``request_timeout_sec``: the robot gets a text error frame, its node holds (``remote_error``) and its next
   request goes to a live replica. The connection stays open.
@@ -18,7 +19,6 @@ backend and openpi's client connect unchanged:
 # No ``from __future__ import annotations``: FastAPI reads the route's parameter types (WebSocket) at runtime, and
 # Serve's class-based ingress rebuilds the signature, where string annotations would not resolve.
 import asyncio
-import hmac
 import logging
 import uuid
 from pathlib import Path
@@ -33,10 +33,11 @@ from ray.serve.exceptions import BackPressureError
 from starlette.websockets import WebSocketDisconnect
 
 from ..wire import codec
+from ..wire.auth import carries_key
+from .affinity import robot_name
 from .config import FleetConfig
 
 LOG = logging.getLogger('vla_policy_fleet')
-MAX_ROBOT_NAME = 128
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_INTERNAL_ERROR = 1011
@@ -68,18 +69,23 @@ class FleetIngress:
     @app.websocket('/{path:path}')
     async def robot(self, websocket: WebSocket, path: str = '') -> None:
         del path                                   # every path is the policy, as on openpi's server
-        if self._api_key and not hmac.compare_digest(websocket.headers.get('authorization', '').encode(),
-                                                     f'Api-Key {self._api_key}'.encode()):
+        if self._api_key and not carries_key(websocket.headers.get('authorization'), self._api_key):
             await websocket.close(code=CLOSE_POLICY_VIOLATION)      # before accept: HTTP 403
             return
         await websocket.accept()
+        requested = websocket.query_params.get('robot')
+        try:
+            robot = f'connection-{uuid.uuid4().hex}' if requested is None else robot_name(requested)
+        except ValueError as exc:  # said in an error frame (the name is not echoed: it is the client's bytes)
+            await websocket.send_text(f'error: bad request: {exc}')
+            await websocket.close(code=CLOSE_POLICY_VIOLATION)
+            return
         try:
             metadata = await self.metadata()
         except Exception as exc:   # no replica ready: the client sees an error frame instead of metadata
             await websocket.send_text(f'error: no policy replica is ready: {type(exc).__name__}: {exc}')
             await websocket.close(code=CLOSE_INTERNAL_ERROR)
             return
-        robot = (websocket.query_params.get('robot') or '')[:MAX_ROBOT_NAME] or f'connection-{uuid.uuid4().hex}'
         self._open += 1
         self._connections.set(self._open)
         try:

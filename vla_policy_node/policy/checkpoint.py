@@ -302,18 +302,24 @@ def recorded_fps(folder: Path, environ: Optional[Mapping[str, str]] = None) -> O
     return (fps, f'{info} (fps, the dataset of {TRAIN_CONFIG_FILE})') if fps is not None else None
 
 
-def read_config_json(folder: Path) -> Dict[str, Any]:
-    """config.json as a dict; CheckpointError when absent, not JSON or not an object."""
-    path = Path(folder) / CONFIG_FILE
+def read_json_object(path: Path, missing_hint: str = '') -> Dict[str, Any]:
+    """A JSON file that holds an object, as a dict; CheckpointError when absent (``missing_hint`` ends that
+    message), not JSON or not an object."""
+    path = Path(path)
     try:
-        raw = json.loads(path.read_text())
+        document = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f'no config.json at {path}') from None
+        raise CheckpointError(f'no {path.name} in {path.parent}{missing_hint}') from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f'{path} is not valid JSON: {exc}') from exc
-    if not isinstance(raw, dict):
+    if not isinstance(document, dict):
         raise CheckpointError(f'{path} is not a JSON object')
-    return raw
+    return document
+
+
+def read_config_json(folder: Path) -> Dict[str, Any]:
+    """config.json as a dict; CheckpointError when absent, not JSON or not an object."""
+    return read_json_object(Path(folder) / CONFIG_FILE)
 
 
 def load_parts(folder: Path, config: Any, model_class: Callable[[Any], nn.Module], device: torch.device,

@@ -5,6 +5,7 @@ G = H // K queries per kv head, D head dim, W width.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import weakref
@@ -241,6 +242,18 @@ class PackedLinears:
 
     def __exit__(self, *exc) -> None:
         PackedLinears._local.packer = self._previous
+
+
+def loop_packer(owner: object, rows: int, device: torch.device, dtype: torch.dtype):
+    """The context a model's denoise loop runs in: on CPU, fp32, with MKL, a ``PackedLinears`` for the loop's
+    ``rows``-row GEMMs, kept on ``owner`` across calls (packed once, packed again when the row count changes);
+    otherwise a no-op context."""
+    if device.type != 'cpu' or dtype != torch.float32 or not PackedLinears.available():
+        return contextlib.nullcontext()
+    packer = getattr(owner, '_packed_linears', None)
+    if packer is None or packer.rows != rows:
+        packer = owner._packed_linears = PackedLinears(rows)
+    return packer
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence, Tuple, Union
+from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -44,6 +44,20 @@ def pad_or_truncate(ids: Sequence[int], max_length: int, pad_id: int = 0) -> Tup
     mask = np.zeros(max_length, dtype=bool)
     mask[:len(kept)] = True
     return token_ids, mask
+
+
+def load_hf_tokenizer(json_bytes: bytes, source: Path, required_token: str, why: str) -> Tuple[Any, int]:
+    """A tokenizer.json through ``tokenizers`` (as transformers' fast tokenizer runs it), and the id of the token
+    the family cannot work without (``why`` says what it is for, in the error when the file lacks it)."""
+    from tokenizers import Tokenizer
+    try:
+        tokenizer = Tokenizer.from_str(json_bytes.decode('utf-8'))
+    except Exception as exc:  # tokenizers raises its own exception types for bad files
+        raise TokenizerError(f'cannot load tokenizer {source}: {exc}') from exc
+    token_id = tokenizer.token_to_id(required_token)
+    if token_id is None:
+        raise TokenizerError(f'tokenizer {source} has no {required_token} token ({why})')
+    return tokenizer, int(token_id)
 
 
 def _read_bytes(path: Path) -> bytes:

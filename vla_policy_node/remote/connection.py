@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from ..observation import SkipReason
 from ..wire import codec
+from ..wire.auth import authorization
 from ..wire.errors import AUTH, BAD_REPLY, DISCONNECTED, ERROR_FRAME, TIMEOUT, UNREACHABLE, RemoteError
 from .logs import websockets_logger
 
@@ -77,7 +78,7 @@ class Connection:
     async def _maintain(self) -> None:
         self._wake = asyncio.Event()
         failures = 0
-        headers = {'Authorization': f'Api-Key {self._api_key}'} if self._api_key else None
+        headers = {'Authorization': authorization(self._api_key)} if self._api_key else None
         while not self._closing:
             try:
                 ws = await connect(self._url, additional_headers=headers, open_timeout=self.timeout_sec,

@@ -1,16 +1,18 @@
 """vla_policy_serve: our PolicyRuntime (with its prefix cache) behind the openpi WebSocket wire.
 
     vla_policy_serve --checkpoint DIR [--port 8000] [--host 127.0.0.1] [--api-key-file F] [--max-message-mib N]
-                     [--max-queue N] [--max-batch N --batch-window-ms MS]
+                     [--max-queue N] [--max-connections N] [--max-batch N --batch-window-ms MS]
 
 The wire is openpi's server's (src/openpi/serving/websocket_policy_server.py, openpi 15a9616): every path
 accepts the WebSocket, ``GET /healthz`` answers ``OK``, the first frame is the metadata (msgpack), then one
 observation in, one ``{"actions": ...}`` out, and an error is a text frame. Unlike openpi's: the API key
 is checked when one is configured (HTTP 401 otherwise), a bad request leaves the connection open, frames
 are bounded, inference runs on one worker thread (the event loop keeps serving the other connections)
-and requests wait in a bounded queue, refused with a clear message when it is full. With ``--max-batch`` > 1
-the requests of several robots that arrive within ``--batch-window-ms`` run as one batch (remote/batching.py
-collects them, runtime/batch.py runs them: each robot's chunk is its own); by default one at a time, as before.
+and requests wait in a bounded queue, refused with a clear message when it is full; at most ``--max-connections``
+clients connect (HTTP 503 past that), each with two frames read ahead at most, so what clients can make the server
+hold is bounded. With ``--max-batch`` > 1 the requests of several robots that arrive within ``--batch-window-ms``
+run as one batch (remote/batching.py collects them, runtime/batch.py runs them: each robot's chunk is its own); by
+default one at a time, as before.
 
 Requests: frames per camera name under ``images`` (HWC or CHW uint8; float in [0, 1] is scaled as openpi
 does, a float frame with NaN/inf or values outside [0, 1] is refused as bad_image), or openpi's DROID /
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import http
 import logging
 import signal
@@ -43,12 +44,16 @@ from ..observation_checks import rgb_from_float
 from ..policy.rtc import AUTO, RTCSettings
 from ..runtime.batch import infer_batch
 from ..wire import codec
+from ..wire.auth import carries_key
 from ..wire.profiles import LAYOUTS
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_WINDOW_MS, BatchingQueue, QueueFull
 from .logs import websockets_logger
 
 LOG = logging.getLogger('vla_policy_serve')
 EXTENSIONS = ('seed', 'noise', 'num_steps', 'prev_actions')
+DEFAULT_MAX_CONNECTIONS = 64
+RECEIVE_FRAMES = 2               # frames read ahead per connection (the wire has one request in flight)
+CLOSE_TRY_AGAIN_LATER = 1013
 # The openpi key layouts a request may use besides ``images`` (droid_policy.py DroidInputs, libero_policy.py
 # LiberoInputs).
 OPENPI_LAYOUTS = ('droid', 'libero')
@@ -144,11 +149,12 @@ class PolicyServer:
 
     def __init__(self, runtime: Any, api_key: str = '', max_message_bytes: int = 64 << 20,
                  max_queue: int = DEFAULT_MAX_QUEUE, max_batch: int = DEFAULT_MAX_BATCH,
-                 batch_window_ms: float = DEFAULT_WINDOW_MS) -> None:
+                 batch_window_ms: float = DEFAULT_WINDOW_MS, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         self.runtime = runtime
         self._api_key = api_key
         self.max_message_bytes = max_message_bytes
         self.max_queue = max_queue
+        self.max_connections = max_connections
         self.connections = 0          # open WebSocket connections: one request in flight each, at most
         self.queue = BatchingQueue(lambda items: infer_batch(runtime, items), max_batch=max_batch,
                                    window_sec=batch_window_ms / 1e3, max_queue=max_queue,
@@ -191,16 +197,21 @@ class PolicyServer:
         """``/healthz`` (no key needed, as load balancers probe it), then the API key when configured."""
         if request.path == '/healthz':
             return connection.respond(http.HTTPStatus.OK, 'OK\n')
+        if self.connections >= self.max_connections:
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f'{self.connections} clients connected (max_connections); try again\n')
         if self._api_key:
-            given = request.headers.get('Authorization', '')
-            if not hmac.compare_digest(given.encode(), f'Api-Key {self._api_key}'.encode()):
+            if not carries_key(request.headers.get('Authorization'), self._api_key):
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, 'missing or wrong API key\n')
         return None
 
     async def handler(self, websocket: ServerConnection) -> None:
-        await websocket.send(codec.packb(self.metadata()))
+        if self.connections >= self.max_connections:      # handshakes that raced past process_request's check
+            await websocket.close(CLOSE_TRY_AGAIN_LATER, 'max_connections clients connected; try again')
+            return
         self.connections += 1
         try:
+            await websocket.send(codec.packb(self.metadata()))
             async for frame in websocket:
                 await websocket.send(await self.answer(frame))
         except ConnectionClosed:
@@ -240,7 +251,10 @@ class PolicyServer:
     async def run(self, host: str, port: int, ready: Optional[Any] = None,
                   stop: Optional[asyncio.Event] = None) -> None:
         stop = stop or asyncio.Event()
+        # Memory per connection: the frame being answered and RECEIVE_FRAMES read ahead at most (a client that
+        # pipelines more waits on TCP), so max_connections bounds what clients can make the server hold.
         async with serve(self.handler, host, port, compression=None, max_size=self.max_message_bytes,
+                         max_queue=RECEIVE_FRAMES,
                          process_request=self.process_request,
                          logger=websockets_logger('vla_policy_serve.websockets')) as server:
             bound = server.sockets[0].getsockname()[1] if server.sockets else port
@@ -260,6 +274,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument('--max-message-mib', type=float, default=64.0, help='largest request frame')
     parser.add_argument('--max-queue', type=int, default=DEFAULT_MAX_QUEUE,
                         help='requests waiting or running at most; one more is refused as busy')
+    parser.add_argument('--max-connections', type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help='clients connected at once; one more is refused with HTTP 503')
     parser.add_argument('--max-batch', type=int, default=DEFAULT_MAX_BATCH,
                         help='robots\' requests run as one batch at most (1: one at a time)')
     parser.add_argument('--batch-window-ms', type=float, default=DEFAULT_WINDOW_MS,
@@ -287,8 +303,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not api_key:
             print(f'vla_policy_serve: error: {args.api_key_file} is empty', file=sys.stderr)
             return 2
-    if not 0 < args.max_message_mib <= 1024 or args.max_queue < 1:
-        print('vla_policy_serve: error: --max-message-mib must be in (0, 1024] and --max-queue >= 1', file=sys.stderr)
+    if not 0 < args.max_message_mib <= 1024 or args.max_queue < 1 or args.max_connections < 1:
+        print('vla_policy_serve: error: --max-message-mib must be in (0, 1024], --max-queue and --max-connections '
+              '>= 1', file=sys.stderr)
         return 2
     if not 1 <= args.max_batch <= args.max_queue or not 0 <= args.batch_window_ms <= 1000:
         print('vla_policy_serve: error: --max-batch must be in [1, --max-queue] and --batch-window-ms in [0, 1000]',
@@ -303,7 +320,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     runtime.warmup()
     server = PolicyServer(runtime, api_key, int(args.max_message_mib * 2**20), args.max_queue, args.max_batch,
-                          args.batch_window_ms)
+                          args.batch_window_ms, args.max_connections)
 
     async def serve_until_signal() -> None:
         stop = asyncio.Event()

@@ -28,8 +28,8 @@ import torch
 from safetensors.numpy import save_file as save_numpy_file
 from safetensors.torch import save_file as save_torch_file
 
-from ...checkpoint import (CONFIG_FILE, POSTPROCESSOR_FILE, PREPROCESSOR_FILE, WEIGHTS_FILE, CheckpointError,
-                           WeightKeys)
+from ...checkpoint import (CONFIG_FILE, POSTPROCESSOR_FILE, PREPROCESSOR_FILE, WEIGHTS_FILE, WeightKeys,
+                           read_json_object)
 from ...config_fields import ConfigError, check_fields, feature_documents, features
 from ...family import EMPTY_CAMERA_PREFIX
 from ...normalize import flatten_stats
@@ -101,18 +101,6 @@ def local_folder(name: str, what: str, needs: str, how: str) -> Path:
                       f'({hub_cache()}); nothing is downloaded. Fetch it ({needs}) and {how}')
 
 
-def read_json_file(path: Path) -> Dict[str, Any]:
-    try:
-        document = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f'no {Path(path).name} in {Path(path).parent}') from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f'{path} is not valid JSON: {exc}') from exc
-    if not isinstance(document, dict):
-        raise CheckpointError(f'{path} is not a JSON object')
-    return document
-
-
 def base_folder(raw: Mapping[str, Any]) -> Path:
     name = str(raw.get('base_model_path') or 'nvidia/GR00T-N1.7-3B')
     return local_folder(name, 'base_model_path', f'`hf download {name} config.json` is enough: only its '
@@ -124,7 +112,7 @@ def backbone_config(model_name: str) -> Qwen3VLBackbone:
         return KNOWN_BACKBONES[model_name.rstrip('/')]
     folder = local_folder(model_name, 'the base model\'s model_name', f'`hf download {model_name} config.json`',
                           'set model_name in the base model\'s config.json to its folder (absolute path)')
-    return Qwen3VLBackbone.from_hf_config(read_json_file(folder / CONFIG_FILE), str(folder / CONFIG_FILE))
+    return Qwen3VLBackbone.from_hf_config(read_json_object(folder / CONFIG_FILE), str(folder / CONFIG_FILE))
 
 
 def find_processor_folder(folder: Path, processors: GrootProcessors) -> Optional[Path]:
@@ -152,7 +140,7 @@ def image_processor_settings(folder: Optional[Path]) -> Dict[str, Any]:
     """preprocessor_config.json of the processor folder (Qwen3-VL's defaults when ``folder`` is None)."""
     if folder is None:
         return dict(DEFAULT_IMAGE_PROCESSOR)
-    return read_json_file(folder / PREPROCESSOR_CONFIG_FILE)
+    return read_json_object(folder / PREPROCESSOR_CONFIG_FILE)
 
 
 def checkpoint_horizon(base: Path, embodiment_tag: str) -> Optional[int]:
@@ -229,7 +217,7 @@ def build_config(folder: Path, raw: Mapping[str, Any], processor_dir: Optional[P
     check_fields(raw, GROOT_CONFIG_FIELDS, GROOT_TYPE, 'GrootConfig')
     processors = read_processors(folder)
     base = base_folder(raw)
-    head = GrootHead.from_base_config(read_json_file(base / CONFIG_FILE), str(base / CONFIG_FILE))
+    head = GrootHead.from_base_config(read_json_object(base / CONFIG_FILE), str(base / CONFIG_FILE))
     backbone = backbone_config(head.model_name)
     geometry = geometry_from(processors, image_processor_settings(processor_dir))
     cameras, state_dim, action_dim = features(raw, EMPTY_CAMERA_PREFIX)

@@ -49,7 +49,7 @@ from torch import nn
 
 from ....cache.context import PREFIX, ContextAxes, PrefixContext
 from ...family import PolicyModel, WorkspaceSpec
-from ...layers import PackedLinears
+from ...layers import loop_packer
 from ...rtc import RTCSettings
 from .config import GrootConfig
 from .dit import (AlternateVLDiT, CategorySpecificMLP, MultiEmbodimentActionEncoder, SelfAttentionTransformer,
@@ -339,7 +339,8 @@ class GrootModel(PolicyModel):
             cross_kv.append((stack[used[reads_text], 0], stack[used[reads_text], 1]))
             used[reads_text] += 1
             masks.append(chunk.text_mask if reads_text else None)
-        with self._autocast(), self._packer(batch * (1 + horizon), x.device):
+        # The DiT's weights prepacked for the loop's B * (1 + H)-row GEMMs (layers.loop_packer).
+        with self._autocast(), loop_packer(self, batch * (1 + horizon), x.device, self.compute_dtype):
             for step in range(chunk.num_steps):
                 time = times.time_encoding[step].expand(batch, horizon, -1)
                 tokens = head.action_encoder(x, time, chunk.embodiment) + times.positions
@@ -350,16 +351,6 @@ class GrootModel(PolicyModel):
                 update = dt * velocity[:, -horizon:]
                 x = x + (update if guide is None else update * guide.velocity_scale)
         return x.float()
-
-    def _packer(self, rows: int, device: torch.device):
-        """CPU fp32 with MKL: the DiT's weights prepacked for the loop's B * (1 + H)-row GEMMs (layers.PackedLinears:
-        the same values, one more copy of the packed weights while the packer lives); otherwise a no-op context."""
-        if device.type != 'cpu' or self.compute_dtype != torch.float32 or not PackedLinears.available():
-            return contextlib.nullcontext()
-        packer = getattr(self, '_packed_linears', None)
-        if packer is None or packer.rows != rows:
-            packer = self._packed_linears = PackedLinears(rows)
-        return packer
 
 
 def chunk_category(embodiment: Optional[torch.Tensor], default: int) -> Union[int, torch.Tensor]:

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 from safetensors.numpy import load_file as load_numpy_file
 
-from ...checkpoint import POSTPROCESSOR_FILE, PREPROCESSOR_FILE, CheckpointError
+from ...checkpoint import POSTPROCESSOR_FILE, PREPROCESSOR_FILE, CheckpointError, read_json_object
 from ...config_fields import (DEFAULT_ONLY, IMPLEMENTED, METADATA, TRAINING, ConfigError, ConfigField, check_fields,
                               table)
 from ...normalize import split_flat_stats
@@ -132,13 +132,7 @@ class GrootProcessors:
 
 def _steps(folder: Path, name: str) -> List[Dict[str, Any]]:
     path = folder / name
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f'no {name} in {folder}: a GR00T checkpoint carries its processors') from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f'{path} is not valid JSON: {exc}') from exc
-    steps = document.get('steps') if isinstance(document, dict) else None
+    steps = read_json_object(path, ': a GR00T checkpoint carries its processors').get('steps')
     if not isinstance(steps, list) or not all(isinstance(step, dict) for step in steps):
         raise CheckpointError(f'{path} has no list of steps')
     for step in steps:

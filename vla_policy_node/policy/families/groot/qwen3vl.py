@@ -46,7 +46,6 @@ class QwenVisionSize:
     num_position_embeddings: int = 2304
     deepstack_indexes: Tuple[int, ...] = (5, 11, 17)
     in_channels: int = 3
-    hidden_act: str = 'gelu_pytorch_tanh'
 
     @property
     def head_dim(self) -> int:
@@ -476,17 +475,3 @@ def mrope_positions(is_image: torch.Tensor, tokens_per_image: int, llm_grid_w: i
     h = torch.where(image, start + within // llm_grid_w, text_pos)
     w = torch.where(image, start + within % llm_grid_w, text_pos)
     return torch.stack([t, h, w])
-
-
-def vision_param_count(size: QwenVisionSize) -> int:
-    merged = size.width * size.merge_size ** 2
-    merger = merged * merged + merged + merged * size.out_width + size.out_width
-    block = 4 * size.width * size.width + 4 * size.width + 2 * size.width * size.mlp_dim + size.width + size.mlp_dim
-    return (size.patch_dim * size.width + size.width + size.num_position_embeddings * size.width
-            + size.depth * (block + 4 * size.width) + merger + 2 * size.width
-            + len(size.deepstack_indexes) * (merger + 2 * merged))
-
-
-def text_param_count(size: QwenTextSize, layers: int) -> int:
-    attn = size.width * size.head_dim * (2 * size.num_heads + 2 * size.num_kv_heads) + 2 * size.head_dim
-    return size.vocab_size * size.width + layers * (attn + 3 * size.width * size.mlp_dim + 2 * size.width)

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ....observation import ObservationError, SkipReason
-from ...tokenizer import HF_TOKENIZER_FILE, TokenizerError, _digest, _read_bytes
+from ...tokenizer import HF_TOKENIZER_FILE, TokenizerError, _digest, _read_bytes, load_hf_tokenizer
 from .tiny_tokenizer import TOKENIZER_CONFIG_FILE
 
 DEFAULT_TASK = 'Perform the task.'
@@ -78,17 +78,9 @@ class QwenChatTokenizer:
     """A Qwen3-VL tokenizer folder: ``tokenizers`` for the ids, jinja2 for the chat template."""
 
     def __init__(self, folder: Path, json_bytes: bytes, tokenizer_config: Dict[str, Any], template: str) -> None:
-        from tokenizers import Tokenizer
-        try:
-            self._tok = Tokenizer.from_str(json_bytes.decode('utf-8'))
-        except Exception as exc:  # tokenizers raises its own exception types for bad files
-            raise TokenizerError(f'cannot load tokenizer {folder / HF_TOKENIZER_FILE}: {exc}') from exc
-        image_id = self._tok.token_to_id(IMAGE_PAD)
-        if image_id is None:
-            raise TokenizerError(f'tokenizer {folder} has no {IMAGE_PAD} token (a Qwen3-VL tokenizer has it)')
-        self.image_token_id = int(image_id)
+        self._tok, self.image_token_id = load_hf_tokenizer(json_bytes, folder / HF_TOKENIZER_FILE, IMAGE_PAD,
+                                                           'a Qwen3-VL tokenizer has it')
         self.folder = folder
-        self.template_source = template
         self._template = _compile(template, folder)
         # The special tokens transformers hands the template (tokenizer.special_tokens_map).
         self._template_tokens = {name: token for name in ('bos_token', 'eos_token', 'unk_token', 'pad_token')

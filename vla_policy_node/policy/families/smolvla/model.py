@@ -32,7 +32,6 @@ the VLM K/V (and their cache) are stored in the compute dtype.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
@@ -44,8 +43,8 @@ from torch import nn
 from ....cache.context import KV, PAD_MASK, PrefixContext, kv_prefix_context
 from ...family import PolicyModel, WorkspaceSpec
 from ...preprocess import check_prefix_inputs
-from ...layers import (PackedLinears, TimeEmbeddingTable, additive_mask, fold_mask,
-                       grouped_query_attention, keep_fp32, split_half_rope_tables)
+from ...layers import (TimeEmbeddingTable, additive_mask, fold_mask, grouped_query_attention, keep_fp32,
+                       loop_packer, split_half_rope_tables)
 from ...rtc import RTCGuide, RTCSettings
 from .config import SmolVLAConfig
 from .smolvlm import LlamaExpert, SmolVLM
@@ -307,21 +306,12 @@ class SmolVLAModel(PolicyModel):
         guide = chunk.guide
         dt = -1.0 / chunk.num_steps
         x_t = chunk.noise
-        with self._packer(x_t.shape[0] * x_t.shape[1], x_t.device):
+        # The expert's weights prepacked for the loop's B*H-row GEMMs (about 10% of a real-shape denoise on this
+        # project's CPU, same values, one more copy of the expert's weights).
+        with loop_packer(self, x_t.shape[0] * x_t.shape[1], x_t.device, self.compute_dtype):
             for step in range(chunk.num_steps):
                 velocity = self.velocity(chunk, x_t, step)
                 if guide is not None:
                     velocity = guide.guide(step, x_t, velocity)
                 x_t = x_t + dt * velocity
         return x_t
-
-    def _packer(self, rows: int, device: torch.device):
-        """CPU fp32 with MKL: the expert's weights prepacked for the loop's B*H-row GEMMs (layers.PackedLinears:
-        about 10% of a real-shape denoise on this project's CPU, same values, one more copy of the expert's
-        weights); otherwise a no-op context."""
-        if device.type != 'cpu' or self.compute_dtype != torch.float32 or not PackedLinears.available():
-            return contextlib.nullcontext()
-        packer = getattr(self, '_packed_linears', None)
-        if packer is None or packer.rows != rows:
-            packer = self._packed_linears = PackedLinears(rows)
-        return packer

@@ -18,7 +18,8 @@ from typing import List, Tuple, Union
 
 import numpy as np
 
-from ...tokenizer import HF_TOKENIZER_FILE, TokenizerError, _digest, _read_bytes, newline_terminated, pad_or_truncate
+from ...tokenizer import (HF_TOKENIZER_FILE, TokenizerError, _digest, _read_bytes, load_hf_tokenizer,
+                          newline_terminated, pad_or_truncate)
 
 PAD_TOKEN = '<|im_end|>'
 
@@ -27,15 +28,7 @@ class SmolVLMTokenizer:
     """tokenizer.json through ``tokenizers`` (as transformers' fast tokenizer runs it)."""
 
     def __init__(self, json_bytes: bytes, source: Path) -> None:
-        from tokenizers import Tokenizer
-        try:
-            self._tok = Tokenizer.from_str(json_bytes.decode('utf-8'))
-        except Exception as exc:  # tokenizers raises its own exception types for bad files
-            raise TokenizerError(f'cannot load tokenizer {source}: {exc}') from exc
-        pad = self._tok.token_to_id(PAD_TOKEN)
-        if pad is None:
-            raise TokenizerError(f'tokenizer {source} has no {PAD_TOKEN} token (SmolVLM2 pads with it)')
-        self.pad_id = int(pad)
+        self._tok, self.pad_id = load_hf_tokenizer(json_bytes, source, PAD_TOKEN, 'SmolVLM2 pads with it')
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.identity = _digest(json_bytes)
         self.source = source
