@@ -400,27 +400,31 @@ def median_ms(samples: List[float]) -> float:
     return 1000 * statistics.median(samples)
 
 
-def timing(root: Path, shape: str, repeats: int) -> None:
+def timing(root: Path, shape: str, repeats: int, with_lerobot: bool = True) -> None:
+    """Interleaved miss / hit (and lerobot's whole pipeline unless ``with_lerobot`` is False: ``--ours-only``
+    measures our own hit against our own miss at a shape that does not fit twice, the real 3.1B)."""
     from vla_policy_node.observation import Observation
     folder = write_shape(root, shape)
     config = shape_config(shape)
     params = sum(int(np.prod(v.shape)) for v in _meta_state(config).values())
     frames, state, noise = timing_inputs(2)
     task = 'pick up the red cube and put it in the bin'
-    lerobot = Lerobot(folder)           # first: its load holds a second copy of the weights for a while
+    lerobot = Lerobot(folder) if with_lerobot else None     # first: its load holds a second copy for a while
     gc.collect()
     ours = Ours(folder)
-    first = lerobot.run(frames, state, task, noise)['normalized_actions']
     check = ours.run(frames, state, task, noise)['normalized_actions']
+    first = lerobot.run(frames, state, task, noise)['normalized_actions'] if lerobot else None
+    agreement = f'; actions lerobot-ours {diff(first, check):.1e}' if lerobot else ''
     runtime = ours.runtime
     samples = {'lerobot': [], 'miss': [], 'hit': []}
     stages = {'prefix': [], 'denoise_hit': []}
     for repeat in range(repeats):
         changed = {k: v.copy() for k, v in frames.items()}
         changed['front'][0, 0, 0] = (int(changed['front'][0, 0, 0]) + 1 + repeat) % 256
-        start = time.perf_counter()
-        lerobot.run(changed, state, task, noise)
-        samples['lerobot'].append(time.perf_counter() - start)
+        if lerobot is not None:
+            start = time.perf_counter()
+            lerobot.run(changed, state, task, noise)
+            samples['lerobot'].append(time.perf_counter() - start)
         start = time.perf_counter()
         miss = runtime.infer(Observation(changed, state, task), noise=noise[0])
         samples['miss'].append(time.perf_counter() - start)
@@ -430,13 +434,16 @@ def timing(root: Path, shape: str, repeats: int) -> None:
         assert not miss.cache_hit and hit.cache_hit
         stages['prefix'].append(miss.timings_ms.get('prefix', 0.0) / 1000)
         stages['denoise_hit'].append(hit.timings_ms.get('denoise', 0.0) / 1000)
-    lr, miss_ms, hit_ms = (median_ms(samples[k]) for k in ('lerobot', 'miss', 'hit'))
+    miss_ms, hit_ms = median_ms(samples['miss']), median_ms(samples['hit'])
+    theirs = (f'lerobot {median_ms(samples["lerobot"]):.0f} ms, ours miss {miss_ms:.0f} ms '
+              f'({miss_ms / median_ms(samples["lerobot"]):.2f}x)' if lerobot else
+              f'lerobot not run, ours miss {miss_ms:.0f} ms')
     prompt = int(runtime.policy.prompt_tokens(task, None)[1].sum())          # its real tokens (padded to a bucket)
     print(f'(b) {shape} shape ({params / 1e9:.2f}B parameters, prompt {prompt} tokens, 2 cameras 640x480, fp32, '
-          f'{torch.get_num_threads()} threads, {repeats} repeats): lerobot {lr:.0f} ms, ours miss {miss_ms:.0f} ms '
-          f'({miss_ms / lr:.2f}x), hit {hit_ms:.0f} ms ({hit_ms / miss_ms:.2f}x our miss; stages: prefix '
-          f'{median_ms(stages["prefix"]):.0f} ms, denoise {median_ms(stages["denoise_hit"]):.0f} ms); actions '
-          f'lerobot-ours {diff(first, check):.1e}; entry {runtime.prefix_bytes() / 2 ** 20:.1f} MiB max')
+          f'{torch.get_num_threads()} threads, {repeats} repeats): {theirs}, hit {hit_ms:.0f} ms '
+          f'({hit_ms / miss_ms:.2f}x our miss; stages: prefix '
+          f'{median_ms(stages["prefix"]):.0f} ms, denoise {median_ms(stages["denoise_hit"]):.0f} ms){agreement}; '
+          f'entry {runtime.prefix_bytes() / 2 ** 20:.1f} MiB max')
     del ours, lerobot, runtime
     gc.collect()
 
@@ -458,14 +465,22 @@ def main() -> int:
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--workdir', type=Path, default=None, help='keep the written checkpoints here')
+    parser.add_argument('--ours-only', action='store_true',
+                        help='(b) at --shape without lerobot: our hit against our miss (runs in the package venv)')
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.ours_only:
+        with contextlib.ExitStack() as stack:
+            root = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            root.mkdir(parents=True, exist_ok=True)
+            timing(root, args.shape, args.repeats, with_lerobot=False)
+        return 0
     try:
         import lerobot.policies.groot.modeling_groot  # noqa: F401
     except ImportError as exc:
         print(f'skipped: needs lerobot with its groot extra ({exc})')
         return 2
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
-    torch.set_num_threads(args.threads)
     with contextlib.ExitStack() as stack:
         root = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)
