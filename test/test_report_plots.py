@@ -121,3 +121,14 @@ def test_handover_legend_sits_above_the_panels_and_counts_the_repeated_observati
     labels = [text.get_text() for text in legend.get_texts()]
     assert 'where a new trajectory takes over' in labels
     assert any('(29; 1 repeated observations published nothing)' in label for label in labels), labels
+
+
+def test_handover_says_when_nothing_was_published(tmp_path):
+    # Every tick refused by the server: no trajectory to overlay, and the figure says why on the bag's span.
+    result = _result(tmp_path, chunks=0)
+    result.records = [TickRecord(time_ns=(k + 1) * NS // 10, skipped='remote_auth', supervisor='held: x',
+                                 publish_ns=(k + 1) * NS // 10) for k in range(20)]
+    fig = handover_figure(result)
+    texts = [text.get_text() for axis in fig.axes for text in axis.texts]
+    assert any('no trajectory was published' in text and 'remote_auth' in text for text in texts), texts
+    assert fig.axes[-1].get_xlim()[1] > 1.5

@@ -388,6 +388,13 @@ def handover_figure(result: ReplayResult):
                Line2D([], [], marker='o', color='tab:red', linestyle='', markersize=3)]
     labels = ['a published trajectory', 'the next one (colours alternate)', 'where a new trajectory takes over',
               f'largest jump at a hand-over ({len(handovers)}; {repeated} repeated observations published nothing)']
+    if not published and result.records:
+        # Nothing to overlay (every tick skipped: a server that refused the key, cameras never seen): say why on
+        # the bag's span rather than leave empty axes around 0.
+        reasons = ', '.join(sorted({r.skipped for r in result.records if r.skipped}))
+        jump_axis.set_xlim(0, (result.records[-1].time_ns - start) / NS_PER_SEC)
+        axes[0, 0].text(0.5, 0.5, f'no trajectory was published ({len(result.records)} ticks skipped: {reasons})',
+                        transform=axes[0, 0].transAxes, ha='center', va='center', color='tab:red')
     height = fig.get_figheight()
     fig.suptitle('consecutive trajectories at hand-over')
     fig.legend(handles, labels, loc='upper center', ncol=2, fontsize='small', frameon=False,
