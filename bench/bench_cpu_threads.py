@@ -4,7 +4,7 @@
     python bench/bench_cpu_threads.py --quick    # auto and 1 thread, one 1 s replay each, no competitor
 
 Each run is a real ``vla_policy_replay`` process on the sample bag with the shipped
-config/vla_policy.yaml (builtin:tiny), only ``cpu_threads`` changed; settings alternate within
+config/vla_policy.yaml (builtin:demo), only ``cpu_threads`` changed; settings alternate within
 each repeat so a shared machine's load drifts over all of them alike. ``--competitors N`` runs N
 busy processes beside it, standing in for the camera drivers / bag player a robot's node shares its
 CPUs with. Prints per setting the median over repeats of the replay's latency p50/p95 (total) and
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,6 +81,7 @@ def main(argv=None) -> int:
         stop.set()
         for process in busy:
             process.join(timeout=5)
+        shutil.rmtree(work, ignore_errors=True)         # the bag and every replay's report
     cpus = usable_cpus()
     print(f'{cpus} usable CPUs, {args.competitors} busy competitor(s), {args.repeats} repeats, '
           f'{args.duration:g} s bag; medians over repeats')

@@ -59,7 +59,7 @@ def test_every_refusal_is_listed_and_the_tokenizer_fetch_is_given(tiny, tmp_path
     out = done.stdout
     assert 'REFUSED: config.json field my_field = 3' in out
     assert 'REFUSED: config.json n_obs_steps = 2' in out
-    assert f'huggingface-cli download google/paligemma-3b-pt-224 tokenizer.model --local-dir {folder}/tokenizer' in out
+    assert f'hf download google/paligemma-3b-pt-224 tokenizer.model --local-dir {folder}/tokenizer' in out
     assert 'gated' in out and 'licence' in out
     assert '88 tensors match' in out
     assert '3 problem(s)' in out

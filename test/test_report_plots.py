@@ -121,3 +121,30 @@ def test_handover_legend_sits_above_the_panels_and_counts_the_repeated_observati
     labels = [text.get_text() for text in legend.get_texts()]
     assert 'where a new trajectory takes over' in labels
     assert any('(29; 1 repeated observations published nothing)' in label for label in labels), labels
+
+
+def test_handover_says_when_nothing_was_published(tmp_path):
+    # Every tick refused by the server: no trajectory to overlay, and the figure says why on the bag's span.
+    result = _result(tmp_path, chunks=0)
+    result.records = [TickRecord(time_ns=(k + 1) * NS // 10, skipped='remote_auth', supervisor='held: x',
+                                 publish_ns=(k + 1) * NS // 10) for k in range(20)]
+    fig = handover_figure(result)
+    texts = [text.get_text() for axis in fig.axes for text in axis.texts]
+    assert any('no trajectory was published' in text and 'remote_auth' in text for text in texts), texts
+    assert fig.axes[-1].get_xlim()[1] > 1.5
+
+
+def test_the_time_axis_and_the_latency_title_name_the_source_and_the_backend(tmp_path):
+    # A dataset replay's ticks are its frames (episode time); a remote tick's latency is its round trip.
+    result = _result(tmp_path)
+    assert latency_figure(result).axes[0].get_xlabel() == 'bag time [s]'
+    assert 'compute time' in latency_figure(result).axes[0].get_title()
+    result.summary = {'dataset': {'root': 'ds', 'episodes': [1]}, 'backend': {'backend': 'remote'}}
+    result.records.append(TickRecord(time_ns=4 * NS, skipped='repeated_observation'))    # the widest legend
+    for figure in (chunks_figure, latency_figure, handover_figure):
+        assert figure(result).axes[-1].get_xlabel() == 'episode time [s]', figure.__name__
+    fig = latency_figure(result)
+    assert 'round trip' in fig.axes[0].get_title()
+    fig.canvas.draw()
+    title = fig.axes[0].title.get_window_extent()
+    assert title.x0 >= 0 and title.x1 <= fig.bbox.width, (title, fig.bbox)     # not clipped

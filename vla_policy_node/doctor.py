@@ -126,12 +126,13 @@ def _tokenizer_hub_name(folder: Path) -> Optional[str]:
 def fetch_tokenizer_command(folder: Path, source: Any) -> List[str]:
     """The command that fetches only the tokenizer's files (policy/family.py TokenizerSource: its file, or its
     ``include`` patterns) into <folder>/tokenizer/, where the node looks, and how the other generation of the
-    Hugging Face CLI spells it: ``hf download`` (huggingface_hub >= 1.0) repeats ``--include`` per pattern, where
-    ``huggingface-cli download`` takes them after one ``--include`` (and keeps only the last repeated one)."""
+    Hugging Face CLI spells it: ``hf download`` (huggingface_hub >= 1.0, the only one it installs) repeats
+    ``--include`` per pattern, where ``huggingface-cli download`` takes them after one ``--include`` (and keeps
+    only the last repeated one)."""
     target = f'--local-dir {folder / "tokenizer"}'
     if not source.include:
-        return [f'huggingface-cli download {source.hub_name} {source.file_name} {target}',
-                '(newer huggingface_hub: `hf download` takes the same arguments)']
+        return [f'hf download {source.hub_name} {source.file_name} {target}',
+                '(huggingface_hub before 1.0: `huggingface-cli download` takes the same arguments)']
     patterns = [f"'{pattern}'" for pattern in source.include]
     return [f'hf download {source.hub_name} {" ".join("--include " + p for p in patterns)} {target}',
             f'(huggingface_hub before 1.0: `huggingface-cli download {source.hub_name} --include {" ".join(patterns)} '

@@ -297,8 +297,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('output', type=Path, help='checkpoint folder to write (pretrained_model layout)')
     parser.add_argument('--bag', type=Path, help="a bag laid out like vla_policy_make_bag's (default: the "
                                                  "demo's 6 s sample bag, generated)")
-    parser.add_argument('--seed', type=int, default=DEFAULT_SEED)
-    parser.add_argument('--steps', type=int, default=DEFAULT_STEPS)
+    parser.add_argument('--seed', type=int, default=DEFAULT_SEED,
+                        help='initial weights and training noise (default %(default)s; with the default --steps: '
+                             'builtin:demo)')
+    parser.add_argument('--steps', type=int, default=DEFAULT_STEPS, help='optimizer steps (default %(default)s)')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar')
     args = parser.parse_args(argv)
     command = ' '.join(['vla_policy_train_demo', str(args.output)] + (['--bag', str(args.bag)] if args.bag else [])

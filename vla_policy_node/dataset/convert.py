@@ -251,8 +251,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'{TOOL}: error: {exc}', file=sys.stderr)
         return 2
     gaps = record['gaps']
-    print(f"wrote {args.out}: {len(record['episodes'])} episodes, {record['frames']} frames at {record['fps']} fps, "
-          f"{len(record['tasks'])} tasks, video {record['video']['codec']}")
+    episodes, tasks = len(record['episodes']), len(record['tasks'])
+    print(f"wrote {args.out}: {episodes} episode{'s' if episodes != 1 else ''}, {record['frames']} frames at "
+          f"{record['fps']} fps, {tasks} task{'s' if tasks != 1 else ''}, video {record['video']['codec']}")
     print(f"ticks {record['ticks']}: {record['frames']} frames, {sum(gaps.values())} gaps {gaps}")
     for entry in record['bags']:
         for reason, example in entry['first_gap'].items():

@@ -1,4 +1,4 @@
-"""vla_policy_serve: our PolicyRuntime (with its prefix cache) behind the openpi WebSocket wire.
+"""vla_policy_serve: this package's PolicyRuntime (with its prefix cache) behind the openpi WebSocket wire.
 
     vla_policy_serve --checkpoint DIR [--port 8000] [--host 127.0.0.1] [--api-key-file F] [--max-message-mib N]
                      [--max-queue N] [--max-connections N] [--max-batch N --batch-window-ms MS]
@@ -265,7 +265,8 @@ class PolicyServer:
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog='vla_policy_serve', description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(prog='vla_policy_serve', description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('--checkpoint', required=True,
                         help='lerobot pretrained_model folder (or builtin:demo, builtin:tiny)')
     parser.add_argument('--port', type=int, default=8000, help='0: any free port (printed)')
@@ -281,8 +282,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument('--batch-window-ms', type=float, default=DEFAULT_WINDOW_MS,
                         help='how long the first request of a batch waits for others (0: only those already '
                              'waiting join it)')
-    parser.add_argument('--device', default='auto')
-    parser.add_argument('--dtype', default='auto')
+    parser.add_argument('--device', default='auto', help='auto, cpu, cuda')
+    parser.add_argument('--dtype', default='auto', help='auto, float32, bfloat16')
     parser.add_argument('--tokenizer', default=None, help='tokenizer.model / tokenizer.json path')
     return parser.parse_args(argv)
 

@@ -365,16 +365,20 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         prog='vla_policy_make_bag',
         description='Write a deterministic sample rosbag2 bag (cameras, instruction, joints).')
     parser.add_argument('out', help='output bag folder (must not exist)')
-    parser.add_argument('--storage', choices=('sqlite3', 'mcap'), default=defaults.storage)
+    parser.add_argument('--storage', choices=('sqlite3', 'mcap'), default=defaults.storage,
+                        help='rosbag2 storage (default %(default)s)')
     parser.add_argument('--duration', type=float, default=defaults.duration_sec,
                         help='seconds of data (default %(default)s)')
     parser.add_argument('--cameras', type=_split_names, default=defaults.cameras,
-                        help='comma-separated camera names (default %(default)s)')
+                        help=f'comma-separated camera names (default {",".join(defaults.cameras)})')
     parser.add_argument('--compressed', type=_split_names, default=(),
                         help='comma-separated cameras to publish as JPEG CompressedImage')
-    parser.add_argument('--width', type=int, default=defaults.width)
-    parser.add_argument('--height', type=int, default=defaults.height)
-    parser.add_argument('--seed', type=int, default=defaults.seed)
+    parser.add_argument('--width', type=int, default=defaults.width, help='frame width in pixels (default %(default)s)')
+    parser.add_argument('--height', type=int, default=defaults.height,
+                        help='frame height in pixels (default %(default)s)')
+    parser.add_argument('--seed', type=int, default=defaults.seed,
+                        help='colours and motion (default %(default)s: the demo bag\'s seed, the one builtin:demo '
+                             'learned)')
     return parser.parse_args(argv)
 
 

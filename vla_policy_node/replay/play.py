@@ -272,7 +272,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument('--topics', type=_split_topics, default=None,
                         help='comma-separated topics to replay (default: all)')
     parser.add_argument('--no-clock', action='store_true', help='do not publish /clock')
-    parser.add_argument('--clock-topic', default=CLOCK_TOPIC)
+    parser.add_argument('--clock-topic', default=CLOCK_TOPIC, help='where /clock goes (default %(default)s)')
     parser.add_argument('--loop', action='store_true', help='replay until interrupted')
     parser.add_argument('--wait-for-subscribers', type=float, default=DEFAULT_WAIT_FOR_SUBSCRIBERS_SEC, metavar='S',
                         help='wait up to S seconds for a subscriber before the first message (default '

@@ -248,7 +248,7 @@ def chunks_figure(result: ReplayResult):
             axis.axvspan(begin, end, color='tab:red', alpha=0.15, label='held (safety)' if k == 0 else None)
         if not axis.get_ylabel():
             axis.set_ylabel(f'{name}\n[rad]')
-    axes[-1, 0].set_xlabel('bag time [s]')
+    axes[-1, 0].set_xlabel(_time_label(result))
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.suptitle('published action chunks vs recorded joints')
     height = fig.get_figheight()
@@ -322,9 +322,9 @@ def latency_figure(result: ReplayResult):
             axis.axhline(total[quantile], color='tab:blue', linestyle=style, linewidth=1.0,
                          label=f'{quantile} {total[quantile]:.1f} ms')
     axis.set_ylim(bottom=0)
-    axis.set_xlabel('bag time [s]')
+    axis.set_xlabel(_time_label(result))
     axis.set_ylabel('latency per tick [ms]')
-    axis.set_title(f'inference latency per tick (measured compute time), {len(result.records)} ticks')
+    axis.set_title(_latency_title(result))
     axis.legend(loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize='small', frameon=False)
     fig.tight_layout()
     return fig
@@ -344,6 +344,18 @@ def _held_spans(result: ReplayResult, start: int) -> List[tuple]:
     if begin is not None:
         spans.append(((begin - start) / NS_PER_SEC, (result.records[-1].time_ns + period - start) / NS_PER_SEC))
     return spans
+
+
+def _time_label(result: ReplayResult) -> str:
+    """The plots' time axis: a dataset replay's ticks are its frames, counted from the episode's first."""
+    return 'episode time [s]' if result.summary.get('dataset') else 'bag time [s]'
+
+
+def _latency_title(result: ReplayResult) -> str:
+    """A remote tick's latency is its round trip (the server's compute inside it), not a compute time here."""
+    remote = (result.summary.get('backend') or {}).get('backend') == 'remote'
+    what = 'round trip to the server' if remote else 'measured compute time'
+    return f'inference latency per tick ({what}), {len(result.records)} ticks'
 
 
 def _start_ns(result: ReplayResult) -> int:
@@ -381,13 +393,20 @@ def handover_figure(result: ReplayResult):
     jump_axis.set_ylim(bottom=0, top=max([r.handover.jump_max for r in handovers] + [0.0]) * 1.15 or None)
     jump_axis.set_ylabel('jump [rad]\n(largest joint)')
     jump_axis.set_title('largest per-joint jump at each hand-over (0 = seamless)', fontsize='small')
-    jump_axis.set_xlabel('bag time [s]')
+    jump_axis.set_xlabel(_time_label(result))
     repeated = sum(1 for r in result.records if r.skipped == 'repeated_observation')
     handles = [Line2D([], [], color='tab:blue', linewidth=0.9), Line2D([], [], color='tab:orange', linewidth=0.9),
                Line2D([], [], marker='o', color='black', linestyle='', markersize=2.5),
                Line2D([], [], marker='o', color='tab:red', linestyle='', markersize=3)]
     labels = ['a published trajectory', 'the next one (colours alternate)', 'where a new trajectory takes over',
               f'largest jump at a hand-over ({len(handovers)}; {repeated} repeated observations published nothing)']
+    if not published and result.records:
+        # Nothing to overlay (every tick skipped: a server that refused the key, cameras never seen): say why on
+        # the bag's span rather than leave empty axes around 0.
+        reasons = ', '.join(sorted({r.skipped for r in result.records if r.skipped}))
+        jump_axis.set_xlim(0, (result.records[-1].time_ns - start) / NS_PER_SEC)
+        axes[0, 0].text(0.5, 0.5, f'no trajectory was published ({len(result.records)} ticks skipped: {reasons})',
+                        transform=axes[0, 0].transAxes, ha='center', va='center', color='tab:red')
     height = fig.get_figheight()
     fig.suptitle('consecutive trajectories at hand-over')
     fig.legend(handles, labels, loc='upper center', ncol=2, fontsize='small', frameon=False,
@@ -421,6 +440,7 @@ def write_report(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime,
                  source: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     summary = summarize(result, stats, runtime, bag, values, command_topic, latency_ms, supervisor, source)
     (result.output / 'summary.json').write_text(json.dumps(summary, indent=2) + '\n')
+    result.summary = summary                        # the plots name the source (bag or dataset) and the backend
     plot_chunks(result, result.output / 'chunks.png')
     plot_latency(result, result.output / 'latency.png')
     plot_handovers(result, result.output / 'handover.png')

@@ -68,8 +68,10 @@ class TrajectoryOutput:
             return
         if dry_run:
             if review.kind is PlanKind.HOLD or self._reporter.should_report('dry_run'):
-                self._logger.info(f'dry_run: would publish a {review.kind.value} trajectory of {len(plan.times_sec)} '
-                                  f'points; first {[round(float(v), 3) for v in plan.positions[0]]}')
+                points = len(plan.times_sec)
+                self._logger.info(f'dry_run: would publish a {review.kind.value} trajectory of {points} '
+                                  f'point{"s" if points != 1 else ""}; first '
+                                  f'{[round(float(v), 3) for v in plan.positions[0]]}')
             return
         if self._supervisor.release(review, self._publish):
             self._stats.record_published(review.kind)

@@ -31,7 +31,8 @@ from .tokenizer import SENTENCEPIECE_FILE, PromptTokenizer
 
 HUB_TOKENIZER_NAME = 'google/paligemma-3b-pt-224'
 PALIGEMMA_LICENCE_NOTE = ('PaliGemma is gated on the Hugging Face Hub: accept its licence at '
-                          'https://huggingface.co/{name} and log in (`huggingface-cli login`) first.')
+                          'https://huggingface.co/{name} and log in (`hf auth login`; before huggingface_hub '
+                          '1.0 `huggingface-cli login`) first.')
 LM_HEAD_KEYS = ('paligemma_with_expert.paligemma.lm_head.weight',
                 'paligemma_with_expert.gemma_expert.lm_head.weight')
 EMBED_KEY = 'paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight'
