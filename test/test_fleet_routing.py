@@ -176,3 +176,27 @@ def test_the_ingress_refuses_a_bad_robot_name_and_a_wrong_key_before_any_request
     assert _connect(keyed, FakeSocket('arm3', 'Api-Key s3cret'))[0] == 'accept' and keyed.served == 'arm3'
     # Each key check took constant time: hmac.compare_digest on bytes (a str == leaks where the bytes differ).
     assert compared == [(bytes, bytes)] * 6
+
+
+class Handle:
+    """A replica handle's ``metadata.remote()``: answers, or raises as Serve does while no replica is running."""
+
+    def __init__(self, ready):
+        self.ready = ready
+        self.metadata = self
+
+    async def remote(self):
+        if not self.ready:
+            raise RuntimeError('no running replica')
+        return {'server': 'vla_policy_serve'}
+
+
+def test_healthz_says_ok_only_once_a_replica_answers():
+    pytest.importorskip('ray.serve')
+    from vla_policy_node.fleet.ingress import FleetIngress
+
+    ingress = FakeIngress()
+    for ready, status in ((False, 503), (True, 200), (False, 503)):   # loading; serving; every replica gone
+        ingress.policy = Handle(ready)
+        response = asyncio.run(FleetIngress.healthz(ingress))
+        assert response.status_code == status, (ready, response.body)

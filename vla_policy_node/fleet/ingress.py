@@ -4,7 +4,8 @@ Serve's HTTP proxy hands each WebSocket connection to an ingress replica for its
 route on an ``@serve.ingress`` deployment); the wire is vla_policy_serve's (remote/server.py), so the node's remote
 backend and openpi's client connect unchanged:
 
-- ``GET /healthz`` answers ``OK`` (no key, as load balancers probe it); every other path accepts the WebSocket;
+- ``GET /healthz`` answers ``OK`` once a policy replica answers, 503 before (no key, as load balancers probe it);
+  every other path accepts the WebSocket;
 - the API key (``Authorization: Api-Key <key>``) is checked before the handshake: a missing or wrong one is
   refused with HTTP 403, which the node counts as ``remote_auth``;
 - the first frame is the policy's metadata (vla_policy_serve's, plus ``fleet``), then one reply per request;
@@ -41,6 +42,7 @@ LOG = logging.getLogger('vla_policy_fleet')
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_INTERNAL_ERROR = 1011
+HEALTH_TIMEOUT_SEC = 2.0          # a live replica answers its metadata in milliseconds
 
 app = FastAPI(title='vla_policy_fleet', docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -63,7 +65,14 @@ class FleetIngress:
         self._open = 0
 
     @app.get('/healthz')
-    def healthz(self) -> PlainTextResponse:
+    async def healthz(self) -> PlainTextResponse:
+        """OK once a policy replica answers: Serve accepts connections while the replicas still load and warm up,
+        and a load balancer (or a user's script) that sent robots then would see every request time out."""
+        try:
+            await asyncio.wait_for(self.policy.metadata.remote(), HEALTH_TIMEOUT_SEC)
+        except Exception as exc:   # no replica yet (still loading), or none left
+            return PlainTextResponse(f'no policy replica is ready ({type(exc).__name__}); try again\n',
+                                     status_code=503)
         return PlainTextResponse('OK\n')
 
     @app.websocket('/{path:path}')
