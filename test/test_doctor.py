@@ -115,6 +115,7 @@ def test_a_groot_folder_through_the_familys_hooks(tmp_path, monkeypatch):
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert 'type groot (family ' in out and 'statistics: state MIN_MAX (6 values), action MIN_MAX (6 values)' in out
+    assert 'normalisation ' not in out and 'normalization_mapping (' in out and 'processor steps' in out
     assert f'{folder}/processor (' in out and 'tensors match' in out and 'one cache entry' in out
     monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path / 'empty_hub'))
     processor = tmp_path / 'processor_elsewhere'

@@ -214,7 +214,7 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
              latency_ms: Optional[float] = None, quantization: str = 'none') -> Diagnosis:
     """The whole report for one folder (see the module docstring), through the policy-family registry."""
     from .policy.checkpoint import WEIGHTS_FILE, CheckpointError, read_config_json
-    from .policy.config_fields import ConfigError
+    from .policy.config_fields import IMPLEMENTED, ConfigError
     from .policy.families import family_class
 
     folder = Path(folder)
@@ -257,7 +257,12 @@ def diagnose(folder: Path, tokenizer: Optional[Path] = None, fps: Optional[float
                       f'{list(config.relative_exclude_joints)}')
     if config.rtc_training_max_delay:
         diagnosis.say(f'trained for real-time chunking: rtc_training_max_delay {config.rtc_training_max_delay}')
-    diagnosis.say('normalisation ' + ', '.join(f'{k} {v}' for k, v in sorted(config.normalization_mapping.items())))
+    mapping = ', '.join(f'{k} {v}' for k, v in sorted(config.normalization_mapping.items()))
+    consulted = family.config_fields().get('normalization_mapping')
+    if consulted is not None and consulted.handling != IMPLEMENTED:     # e.g. GR00T: its processor steps normalise
+        diagnosis.say(f'normalization_mapping ({mapping}): {consulted.why}')
+    else:
+        diagnosis.say(f'normalisation {mapping}')
     try:
         state, action = family.folder_normalizers(folder, config)
         diagnosis.say(f'statistics: state {state.mode} ({state.dim} values), action {action.mode} '
