@@ -16,6 +16,11 @@ from typing import Any, Dict, Optional
 
 LOOPBACK = '127.0.0.1'
 LOOPBACK_ENV = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0', 'RAY_USAGE_STATS_ENABLED': '0'}
+# Serve's controller kills an HTTP proxy whose readiness check has not answered in 5 s three times running
+# (ray/serve/_private/constants.py PROXY_READY_CHECK_TIMEOUT_S), then starts another: on a busy small machine (a
+# Jetson, a shared CI box) the proxy's start-up imports take longer, and it never comes up. 30 s each leaves the
+# proxy the whole of serve.start's own 60 s. Read by the controller, so set before this machine's Ray starts.
+PROXY_READY_ENV = {'RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S': '30'}
 
 
 def use_loopback() -> None:
@@ -31,6 +36,8 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, n
     that cluster (``auto``: the one ``ray start`` started here)."""
     if address is None:
         use_loopback()
+        for name, value in PROXY_READY_ENV.items():
+            os.environ.setdefault(name, value)
     else:
         os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
     import ray
