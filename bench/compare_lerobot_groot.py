@@ -14,6 +14,7 @@ reachable, so pip took torch's default wheel):
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --skip-timing
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --quick           # (a) alone
     /work/scratch/lerobot-venv/bin/python bench/compare_lerobot_groot.py --only-timing --shape half --repeats 5
+    .venv/bin/python bench/compare_lerobot_groot.py --ours-only --shape real    # our miss and hit alone
 
 Without lerobot it prints ``skipped: needs lerobot`` and exits with status 2.
 
@@ -49,6 +50,8 @@ per step count):
     (b) --only-timing --threads 1 --repeats 3:
           small (1.04B): lerobot 2090 ms, ours miss 1159 ms (0.55x), hit 351 ms (0.30x our miss)
           half  (2.02B): lerobot 5359 ms, ours miss 3812 ms (0.71x), hit 1289 ms (0.34x our miss)
+    (b) --ours-only --shape real --threads 1 --repeats 3 (in the package venv; lerobot not run):
+          real  (3.14B): ours miss 8447 ms, hit 2992 ms (0.35x our miss)
         The real 3.1B shape does not fit beside lerobot in that machine's 23 GB. A hit is the 4 DiT steps alone
         (its denoise stage is the whole hit): their FLOP share of a miss is 0.24 at small, 0.27 at half, 0.29 at
         the real shape (GrootFamily.stage_flops), and their 41-row GEMMs run about a third less efficiently per FLOP
