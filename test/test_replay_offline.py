@@ -229,3 +229,13 @@ def test_a_camera_clock_step_in_a_bag_is_judged_as_the_node_judges_it(checkpoint
     published = [r.time_ns for r in result.records if r.plan_positions is not None]
     assert min(published) < step[0] and max(published) >= step[1]
     assert not [t for t in published if step[0] + NS // 5 <= t < step[1]], 'a frame of the step was used'
+
+
+def test_cli_says_where_to_look_when_every_tick_was_skipped(sqlite_bag, checkpoint, tmp_path):
+    params = _params(tmp_path, camera_types=['raw', 'raw', 'raw'], max_image_age_sec=0.001)   # every frame stale
+    result = subprocess.run([sys.executable, '-m', 'vla_policy_node.replay.cli', str(sqlite_bag), '--params',
+                             str(params), '--checkpoint', str(checkpoint), '--output', str(tmp_path / 'out'),
+                             '--no-progress'], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert 'published 0' in result.stdout
+    assert 'nothing was published: every tick was skipped, most as camera_stale' in result.stdout

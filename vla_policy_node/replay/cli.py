@@ -62,6 +62,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"ticks {summary['ticks']}, published {summary['published']}, skipped {summary['skipped_total']} "
           f"{summary['skipped']}, cache hits {summary['cache']['hits']} / misses {summary['cache']['misses']}"
           + (f" (one entry {entry} bytes)" if entry is not None else ''))
+    if summary['published'] == 0 and summary['skipped_total']:
+        # The node logs each fault; a replay's user sees only this summary, so it names where to look.
+        worst = max(summary['skipped'], key=summary['skipped'].get)
+        print(f'nothing was published: every tick was skipped, most as {worst} (docs/troubleshooting.md; the '
+              'remote_* reasons: docs/remote.md)')
     errors = summary.get('command_error')
     if errors:
         print(f"RMSE against {summary['command_topic']}: "
