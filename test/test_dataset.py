@@ -1,6 +1,7 @@
 """vla_policy_bag_to_lerobot on real bags, read back by an independent reader (test/dataset_reading.py: pyarrow,
 PyAV, Pillow), and vla_policy_replay --dataset against the bag replay it came from."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -455,6 +456,26 @@ def test_a_trajectory_command_gives_the_point_due_at_each_tick(plain_bag, spec, 
         due = next((d for d in dues if d >= t), dues[-1])
         np.testing.assert_allclose(rows['action'][i], (due - start) / NS + 10.0 * np.arange(1, 7) +
                                    100.0 * sent.index(received), atol=1e-4)
+
+
+def test_encoding_leaves_this_process_and_its_children_at_normal_scheduling(tmp_path):
+    """SVT-AV1 run as root (a robot's Docker container, CI) moves the calling thread to SCHED_FIFO 99; every process
+    started afterwards inherited it, and a busy loop at that priority starved the machine's other processes (a
+    pytest worker's DDS nodes hung). Bites only where the encoder can raise the priority (root, libsvtav1)."""
+    from vla_policy_node.dataset.video import VideoFile, choose_encoder
+    if not hasattr(os, 'sched_getscheduler'):
+        pytest.skip('no POSIX scheduling here')
+    video = VideoFile(tmp_path / 'camera.mp4', choose_encoder(), 10, 48, 64)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        video.append(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    video.close()
+    tasks = Path('/proc/self/task').iterdir()
+    assert {os.sched_getscheduler(int(task.name)) for task in tasks} <= {os.SCHED_OTHER}
+    child = subprocess.run([sys.executable, '-c', 'import os; print(os.sched_getscheduler(0))'],
+                           capture_output=True, text=True, check=True)
+    assert int(child.stdout) == os.SCHED_OTHER
 
 
 def test_without_libsvtav1_the_videos_are_h264_and_say_so(plain_bag, params, tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ frame k of the file has pts k at time base 1/fps, so an episode's frames sit at
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -73,6 +74,37 @@ def choose_encoder(available: Optional[frozenset] = None) -> Encoder:
                        'that lerobot reads; install a PyAV wheel with libsvtav1 (pip install av)')
 
 
+REAL_TIME_POLICIES = tuple(getattr(os, name) for name in ('SCHED_FIFO', 'SCHED_RR') if hasattr(os, name))
+
+
+def _thread_policies() -> Dict[int, int]:
+    policies = {}
+    for task in os.listdir('/proc/self/task'):
+        with contextlib.suppress(OSError):          # a thread that ended meanwhile
+            policies[int(task)] = os.sched_getscheduler(int(task))
+    return policies
+
+
+@contextlib.contextmanager
+def normal_scheduling() -> Iterator[None]:
+    """Undo what an encoder call did to this process's scheduling: SVT-AV1, run as root (a robot's Docker
+    container), moves the calling thread and its own threads to SCHED_FIFO at priority 99. A converting process
+    would then starve every normal process on the machine, the robot's controllers included, and every process it
+    starts later inherits the policy (a pytest worker's DDS nodes starved behind a busy loop). Threads the call
+    moved to a real-time policy go back to SCHED_OTHER; a thread that was real-time before keeps its policy."""
+    if not REAL_TIME_POLICIES or not os.path.isdir('/proc/self/task'):
+        yield
+        return
+    before = _thread_policies()
+    try:
+        yield
+    finally:
+        for task, policy in _thread_policies().items():
+            if policy in REAL_TIME_POLICIES and before.get(task) not in REAL_TIME_POLICIES:
+                with contextlib.suppress(OSError):
+                    os.sched_setscheduler(task, os.SCHED_OTHER, os.sched_param(0))
+
+
 class VideoFile:
     """One mp4 being written: frames appended at pts 0, 1, 2 ... (time base 1/fps)."""
 
@@ -86,11 +118,12 @@ class VideoFile:
         self.frames = 0
         self._container = av.open(str(path), 'w')
         try:
-            self._stream = self._container.add_stream(encoder.vcodec, rate=fps, options=dict(encoder.options))
-            self._stream.pix_fmt = encoder.pix_fmt
-            self._stream.width = width
-            self._stream.height = height
-            self._stream.codec_context.time_base = Fraction(1, fps)
+            with normal_scheduling():
+                self._stream = self._container.add_stream(encoder.vcodec, rate=fps, options=dict(encoder.options))
+                self._stream.pix_fmt = encoder.pix_fmt
+                self._stream.width = width
+                self._stream.height = height
+                self._stream.codec_context.time_base = Fraction(1, fps)
         except Exception as err:
             self._container.close()
             raise DatasetError(f'cannot open a {encoder.vcodec} stream of {width}x{height} at {fps} fps in {path}: '
@@ -100,7 +133,9 @@ class VideoFile:
         import av
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format='rgb24')
         frame.pts = self.frames
-        for packet in self._stream.encode(frame):
+        with normal_scheduling():           # the encoder starts its threads at the first frame
+            packets = self._stream.encode(frame)
+        for packet in packets:
             self._container.mux(packet)
         self.frames += 1
 
@@ -112,10 +147,13 @@ class VideoFile:
         if self._container is None:
             return
         try:
-            for packet in self._stream.encode():
+            with normal_scheduling():
+                packets = self._stream.encode()
+            for packet in packets:
                 self._container.mux(packet)
         finally:
-            self._container.close()
+            with normal_scheduling():
+                self._container.close()
             self._container = None
 
 
