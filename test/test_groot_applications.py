@@ -2,7 +2,7 @@
 (chunking rtc: the family's own inpainting through rtc_mode auto, hits while the frames repeat), the dataset
 bridge (the checkpoint's cameras and sizes from its folder, its own processor files) and the dataset replay. The
 doctor's GR00T case is in test_doctor.py, vla_policy_serve's batching in test_batching.py, the demo in
-test_demo_runs.py, the node over DDS in test_groot_dds.py."""
+test_demo_runs.py, the node over DDS in test_state_free_cache_dds.py."""
 import json
 from pathlib import Path
 

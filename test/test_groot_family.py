@@ -2,7 +2,8 @@
 network), the prompt, the state-free cache (a state change hits, a hit equals its miss bit for bit, the entry's
 bytes), prompt buckets, a capture-safe Euler loop, the checkpoint writer. Parity with lerobot: test_groot_pipeline.py;
 the fast path, batching and the capture stand-in: the registry-parametrised tests (test_fast_path.py,
-test_batching.py, test_capture_standin.py); the applications: test_groot_applications.py and test_groot_dds.py."""
+test_batching.py, test_capture_standin.py); the applications: test_groot_applications.py and
+test_state_free_cache_dds.py."""
 import json
 import shutil
 from pathlib import Path

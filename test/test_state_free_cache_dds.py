@@ -1,14 +1,28 @@
-"""The shared harness of the tests where a family's checkpoint runs live over DDS (test_smolvla_dds.py,
-test_groot_dds.py): the node starts on the checkpoint, streams chunks, and frames that repeat while the joints
-move are cache hits whose plans follow the joints."""
+"""Over real DDS: the node runs the checkpoint of each family whose cache key leaves the joint state out (SmolVLA:
+the state last in its prefix, where nothing attends to it; GR00T N1.7: the state only in its action head); frames
+that repeat while the joints move are cache hits, and the plans follow the joints. GR00T runs with its defaults
+(num_steps 0: the checkpoint's 4 Euler steps; chunking rtc with rtc_mode auto: its own inpainting)."""
 import time
 from pathlib import Path
 from typing import Dict
 
 import numpy as np
+import pytest
 
-from dds_helpers import (CAMERAS, LOADED_MACHINE_WAIT_SEC, NodeProcess, TestRig, base_params, diag_int, make_frame,
-                         positions_of)
+from dds_helpers import (CAMERAS, LOADED_MACHINE_WAIT_SEC, NodeProcess, TestRig, base_params, diag_int,  # noqa: E402
+                         isolate, make_frame, pick_domain_id, positions_of)
+
+DOMAIN_ID = pick_domain_id()
+isolate(DOMAIN_ID)
+
+rclpy = pytest.importorskip('rclpy')
+
+from vla_policy_node.policy.tiny_default import write_tiny_default  # noqa: E402
+
+pytestmark = pytest.mark.dds
+# The family, and the parameters over the DDS defaults it runs with. The tiny checkpoints' cameras are the rig's
+# (SmolVLA: all three; GR00T: base_0_rgb and left_wrist_0_rgb, so the node subscribes to those).
+FAMILIES = {'smolvla': {}, 'groot': {'chunking': 'rtc'}}
 
 
 def check_hits_while_the_joints_move(node_dir: Path, checkpoint: Path, domain_id: int, policy_type: str,
@@ -50,3 +64,12 @@ def check_hits_while_the_joints_move(node_dir: Path, checkpoint: Path, domain_id
         proc.print_log()
         rig.stop_streaming()
         rig.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize('policy_type', sorted(FAMILIES))
+def test_the_node_hits_while_the_frames_repeat_and_the_joints_move(tmp_path, policy_type):
+    checkpoint = write_tiny_default(tmp_path / f'tiny_{policy_type}', policy_type)
+    after = check_hits_while_the_joints_move(tmp_path / 'node', checkpoint, DOMAIN_ID, policy_type,
+                                             **FAMILIES[policy_type])
+    assert diag_int(after, 'skipped_bad_input') == 0, 'no tick refused (GR00T: rtc_mode auto is its inpainting)'
