@@ -200,3 +200,21 @@ def test_healthz_says_ok_only_once_a_replica_answers():
         ingress.policy = Handle(ready)
         response = asyncio.run(FleetIngress.healthz(ingress))
         assert response.status_code == status, (ready, response.body)
+
+
+def test_autoscaling_follows_the_queue_length_and_serve_accepts_the_options():
+    pytest.importorskip('ray.serve')
+    from ray import serve
+
+    from vla_policy_node.fleet.app import replica_options
+    from vla_policy_node.fleet.replica import PolicyReplica
+
+    fixed = replica_options(FleetConfig(checkpoint='x', replicas=3))
+    assert fixed['num_replicas'] == 3 and 'autoscaling_config' not in fixed
+    scaled = replica_options(FleetConfig(checkpoint='x', min_replicas=1, max_replicas=4, target_queue=2.0))
+    assert 'num_replicas' not in scaled
+    assert scaled['autoscaling_config'] == {'min_replicas': 1, 'max_replicas': 4, 'initial_replicas': 1,
+                                            'target_ongoing_requests': 2.0}
+    deployment = serve.deployment(**scaled)(PolicyReplica)         # Serve's own validation of every option
+    autoscaling = deployment._deployment_config.autoscaling_config
+    assert (autoscaling.min_replicas, autoscaling.max_replicas, autoscaling.target_ongoing_requests) == (1, 4, 2.0)
