@@ -424,3 +424,15 @@ def test_bad_input_is_refused_before_anything_is_sent(servers, backends, bad, re
     with pytest.raises(Exception) as caught:
         backend.infer(Observation(fields['images'], fields['state'], fields['instruction']))
     assert caught.value.reason == reason and not server.requests
+
+
+def test_a_url_with_a_space_is_refused_at_configure_not_reported_as_an_unreachable_server():
+    from vla_policy_node.params import ParameterError
+    from vla_policy_node.remote_settings import check_url
+
+    check_url('ws://fleet:8000/?robot=arm%201')
+    for bad in ('ws://fleet:8000/?robot=arm 1', 'ws://fleet:8000/\tpolicy', 'ws://fleet:8000/?robot=a\x00'):
+        with pytest.raises(ParameterError, match='percent-encode'):
+            check_url(bad)
+    with pytest.raises(ParameterError, match='ws://host'):
+        check_url('http://fleet:8000/')

@@ -49,6 +49,11 @@ class RemoteConfig(PolicyLevelFields):
 
 
 def check_url(url: str) -> None:
+    # A space or a control character cannot travel in the handshake's request line: the server would answer a
+    # malformed request, which reads as an unreachable server.
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7f for c in url):
+        raise ParameterError(f'remote_url {public_url(url)!r} holds a space or a control character (the query too): '
+                             'percent-encode it (a space is %20)')
     parts = urlsplit(url)
     if parts.scheme not in ('ws', 'wss') or not parts.hostname:
         raise ParameterError(f'remote_url must be ws://host[:port]/path or wss://..., got {public_url(url)!r}')

@@ -65,8 +65,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if summary['published'] == 0 and summary['skipped_total']:
         # The node logs each fault; a replay's user sees only this summary, so it names where to look.
         worst = max(summary['skipped'], key=summary['skipped'].get)
-        print(f'nothing was published: every tick was skipped, most as {worst} (docs/troubleshooting.md; the '
-              'remote_* reasons: docs/remote.md)')
+        where = 'docs/remote.md' if worst.startswith('remote_') else 'docs/troubleshooting.md'
+        print(f'nothing was published: every tick was skipped, most as {worst} ({where} explains it)')
     errors = summary.get('command_error')
     if errors:
         print(f"RMSE against {summary['command_topic']}: "
