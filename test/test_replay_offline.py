@@ -239,3 +239,6 @@ def test_cli_says_where_to_look_when_every_tick_was_skipped(sqlite_bag, checkpoi
     assert result.returncode == 0, result.stderr
     assert 'published 0' in result.stdout
     assert 'nothing was published: every tick was skipped, most as camera_stale' in result.stdout
+    assert 'the first: [camera_stale] on /cameras/' in result.stdout            # the fault line the node would log
+    summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
+    assert summary['first_fault']['camera_stale'].startswith('[camera_stale] on /cameras/')

@@ -66,7 +66,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # The node logs each fault; a replay's user sees only this summary, so it names where to look.
         worst = max(summary['skipped'], key=summary['skipped'].get)
         where = 'docs/remote.md' if worst.startswith('remote_') else 'docs/troubleshooting.md'
-        print(f'nothing was published: every tick was skipped, most as {worst} ({where} explains it)')
+        print(f'nothing was published: every tick was skipped, most as {worst} ({where} explains it); the first: '
+              f"{summary['first_fault'].get(worst, '')}")
     errors = summary.get('command_error')
     if errors:
         print(f"RMSE against {summary['command_topic']}: "

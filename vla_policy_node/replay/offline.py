@@ -79,6 +79,7 @@ class OfflineReplay:
         self._publish(outcome.review, outcome.publish_ns or time_ns, writer, record)
         if outcome.skip is not None:
             record.skipped = outcome.skip.reason.value
+            record.fault = outcome.skip.describe()
             return record
         record.cache_hit = outcome.chunk.cache_hit
         record.timings_ms = dict(outcome.chunk.timings_ms)

@@ -24,6 +24,7 @@ class TickRecord:
 
     time_ns: int
     skipped: Optional[str] = None
+    fault: str = ''                              # a skipped tick's '[reason] on topic: what is wrong'
     cache_hit: Optional[bool] = None
     timings_ms: Dict[str, float] = field(default_factory=dict)
     plan_start_ns: int = 0
@@ -144,6 +145,18 @@ def safety_summary(supervisor: SafetySupervisor, records: List[TickRecord]) -> D
             'dropped_by_estop': dropped}
 
 
+FAULT_TEXT_CHARS = 400      # a server's error text is the client's to bound
+
+
+def first_faults(records: List[TickRecord]) -> Dict[str, str]:
+    """Skip reason -> its first tick's fault line (the node logs these; a replay keeps one per reason)."""
+    faults: Dict[str, str] = {}
+    for record in records:
+        if record.skipped and record.skipped not in faults:
+            faults[record.skipped] = record.fault[:FAULT_TEXT_CHARS]
+    return dict(sorted(faults.items()))
+
+
 def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, bag: Path,
               values: Mapping[str, Any], command_topic: Optional[str], latency_ms: float = 0.0,
               supervisor: Optional[SafetySupervisor] = None, source: Optional[Mapping[str, Any]] = None
@@ -168,6 +181,7 @@ def summarize(result: ReplayResult, stats: TickStats, runtime: PolicyRuntime, ba
         'holds_published': stats.holds_published,
         'skipped_total': sum(skipped.values()),
         'skipped': skipped,
+        'first_fault': first_faults(result.records),
         'clipped': stats.clipped,
         'cache': {'hits': stats.cache_hits, 'misses': stats.cache_misses,
                   'hit_rate': stats.cache_hits / stats.chunks if stats.chunks else 0.0,
