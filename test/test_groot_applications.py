@@ -3,18 +3,17 @@
 bridge (the checkpoint's cameras and sizes from its folder, its own processor files) and the dataset replay. The
 doctor's GR00T case is in test_doctor.py, vla_policy_serve's batching in test_batching.py, the demo in
 test_demo_runs.py, the node over DDS in test_state_free_cache_dds.py."""
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import dataset_reading as dr
+from sample_bag_params import write_sample_bag_params
 from vla_policy_node.policy.tiny_default import write_tiny_default
 from vla_policy_node.replay.make_bag import SampleBagSpec, in_hold_window, write_sample_bag
 from vla_policy_node.replay.offline import replay
 
-JOINTS = [f'joint_{i}' for i in range(1, 7)]
 NS = 1_000_000_000
 
 
@@ -31,13 +30,7 @@ def bag(tmp_path_factory):
 
 def params_file(folder: Path, **extra) -> Path:
     """The robot's params: the sample bag's joints, its two cameras the tiny GR00T names (one compressed)."""
-    lines = ['/**:', '  ros__parameters:', f'    joint_names: {JOINTS}', '    instruction: "pick up the red block"',
-             '    control_rate_hz: 10.0', '    action_period_sec: 0.1', '    max_camera_skew_sec: 0.25',
-             '    camera_types: ["raw", "compressed"]']
-    lines += [f'    {key}: {json.dumps(value)}' for key, value in extra.items()]
-    path = folder / 'params.yaml'
-    path.write_text('\n'.join(lines) + '\n')
-    return path
+    return write_sample_bag_params(folder, **{'camera_types': ['raw', 'compressed'], **extra})
 
 
 def test_the_replay_runs_a_groot_checkpoint_with_its_own_rtc_and_hits_while_the_frames_repeat(

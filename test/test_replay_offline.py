@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sample_bag_params import JOINTS, write_sample_bag_params
 from vla_policy_node.policy.tiny_default import write_tiny_default
 from vla_policy_node.bags.bag_io import BagError, BagWriter, read_messages
 from vla_policy_node.replay import make_bag
@@ -19,7 +20,6 @@ from vla_policy_node.trajectory import check_controller_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PARAMS = ROOT / 'config' / 'demo.yaml'
-JOINTS = [f'joint_{i}' for i in range(1, 7)]
 TRAJECTORY_TOPIC = '/joint_trajectory_controller/joint_trajectory'
 NS = 1_000_000_000
 
@@ -36,13 +36,7 @@ def bag(request, tmp_path_factory):
 
 
 def _params(tmp_path, **extra):
-    lines = ['/**:', '  ros__parameters:', f'    joint_names: {JOINTS}', '    instruction: "pick up the red block"',
-             '    control_rate_hz: 10.0', '    action_period_sec: 0.1', '    max_camera_skew_sec: 0.25',
-             '    camera_types: ["raw", "compressed", "raw"]']
-    lines += [f'    {key}: {json.dumps(value)}' for key, value in extra.items()]
-    path = tmp_path / 'params.yaml'
-    path.write_text('\n'.join(lines) + '\n')
-    return path
+    return write_sample_bag_params(tmp_path, **{'camera_types': ['raw', 'compressed', 'raw'], **extra})
 
 
 def _trajectories(output):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from sample_bag_params import write_sample_bag_params
 from vla_policy_node.observation import Observation, ObservationError
 from vla_policy_node.policy.checkpoint import CheckpointError
 from vla_policy_node.policy.families import load_checkpoint
@@ -380,10 +381,7 @@ def test_the_replay_runs_a_smolvla_checkpoint_and_reports_its_entry_bytes(tiny, 
     from vla_policy_node.replay.make_bag import SampleBagSpec, write_sample_bag
     from vla_policy_node.replay.offline import replay
     bag = write_sample_bag(tmp_path / 'bag', SampleBagSpec(duration_sec=2.0))
-    params = tmp_path / 'params.yaml'
-    params.write_text('/**:\n  ros__parameters:\n    joint_names: [joint_1, joint_2, joint_3, joint_4, joint_5, '
-                      'joint_6]\n    instruction: "pick up the red block"\n    control_rate_hz: 10.0\n'
-                      '    action_period_sec: 0.1\n    max_camera_skew_sec: 0.25\n')
+    params = write_sample_bag_params(tmp_path)
     result = replay(bag, params, tmp_path / 'out', checkpoint=str(tiny), seed=1)
     summary = result.summary
     assert summary['policy_type'] == 'smolvla' and summary['published'] > 0

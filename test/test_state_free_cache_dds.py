@@ -9,7 +9,7 @@ from typing import Dict
 import numpy as np
 import pytest
 
-from dds_helpers import (CAMERAS, LOADED_MACHINE_WAIT_SEC, NodeProcess, TestRig, base_params, diag_int,  # noqa: E402
+from dds_helpers import (CAMERAS, LOADED_MACHINE_WAIT_SEC, NodeProcess, TestRig, base_params, diag_int,
                          isolate, make_frame, pick_domain_id, positions_of)
 
 DOMAIN_ID = pick_domain_id()
